@@ -1,0 +1,41 @@
+"""`mlx-spec` entry point: one module per subcommand, imported only when used."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = {
+    "generate": ("mlx_spec.commands.generate", "generate text (speculatively when a drafter is available)"),
+    "train-target": ("mlx_spec.commands.train_target", "train the embedded target model from the offline corpus"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .errors import MlxSpecError
+
+    parser = argparse.ArgumentParser(prog="mlx-spec", description="Lossless speculative decoding on MLX.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    modules = {}
+    for name, (module, help_text) in COMMANDS.items():
+        modules[name] = module
+        sub.add_parser(name, help=help_text, description=help_text)
+    argv = sys.argv[1:] if argv is None else argv
+    # Parse the command name first, then let its module declare its own options.
+    known, _ = parser.parse_known_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
+    mod = importlib.import_module(modules[known.command])
+    cmd_parser = argparse.ArgumentParser(prog=f"mlx-spec {known.command}", description=COMMANDS[known.command][1])
+    mod.add_arguments(cmd_parser)
+    args = cmd_parser.parse_args(argv[1:])
+    try:
+        return mod.run(args) or 0
+    except MlxSpecError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

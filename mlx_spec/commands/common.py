@@ -1,0 +1,42 @@
+"""Options shared by the commands that load a model and sample from it."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None, help="target: local folder or Hugging Face repo id (default: embedded model)")
+    p.add_argument("--drafter", default="auto", help="drafter folder or repo id; 'auto' picks the known one")
+    p.add_argument("--no-draft", action="store_true", help="plain decoding, no speculation")
+    p.add_argument("--block-size", type=int, default=None, help="tokens per verify round (anchor + drafts)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", "-m", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.0, help="temperature (0 = greedy)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--min-p", type=float, default=0.0)
+    p.add_argument("--repetition-penalty", type=float, default=None)
+    p.add_argument("--presence-penalty", type=float, default=None)
+    p.add_argument("--frequency-penalty", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+
+
+def sampling_from(args):
+    from ..engine.sampling import SamplingParams
+
+    return SamplingParams(
+        temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty, seed=args.seed,
+    )
+
+
+def load_from(args):
+    from ..loading import load
+
+    return load(args.model, drafter=None if args.no_draft else args.drafter, dtype=args.dtype)

@@ -1,0 +1,39 @@
+"""`mlx-spec train-target`: the reproducible recipe behind the embedded target model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    from ..train.corpus import DEBIAN_DOCS
+    from ..train.target import TargetTrainConfig
+
+    d = TargetTrainConfig()
+    p.add_argument("--out", type=Path, default=d.out, help="run folder: data, checkpoint, log, exported model")
+    p.add_argument("--docs", type=Path, default=DEBIAN_DOCS, help="reST sources of the Python docs (python3.11-doc)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--layers", type=int, default=d.num_layers)
+    p.add_argument("--hidden", type=int, default=d.hidden_size)
+    p.add_argument("--init-from", type=Path, default=None, help="start from an exported model's weights")
+    p.add_argument("--quantize-8bit", type=Path, default=None, help="also write an 8-bit copy here")
+
+
+def run(args) -> int:
+    from ..train.corpus import CorpusConfig
+    from ..train.target import TargetTrainConfig, quantize_copy, train
+
+    cfg = TargetTrainConfig(
+        out=args.out, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
+        seed=args.seed, num_layers=args.layers, hidden_size=args.hidden,
+        corpus=CorpusConfig(docs=args.docs, seed=args.seed),
+    )
+    exported = train(cfg, init_from=args.init_from)
+    print(f"model written to {exported}")
+    if args.quantize_8bit:
+        print(f"8-bit copy written to {quantize_copy(exported, args.quantize_8bit, bits=8)}")
+    return 0

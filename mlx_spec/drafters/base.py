@@ -1,0 +1,37 @@
+"""The small interface every drafter implements; the verify loop knows nothing else about drafters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import mlx.core as mx
+
+
+@dataclass
+class Draft:
+    """k proposed tokens and the distribution each was drawn from.
+
+    q is [k, V] probabilities, or None when the tokens are deterministic (argmax or lookup):
+    the verifier then treats q as one-hot, which keeps sampling exactly lossless.
+    """
+
+    tokens: mx.array  # [k] int32
+    q: mx.array | None = None
+
+    def __len__(self) -> int:
+        return self.tokens.shape[0]
+
+
+class Drafter(Protocol):
+    block_size: int  # most tokens one round can verify: the anchor plus block_size - 1 drafts
+    tap_ids: tuple[int, ...]  # target layers whose outputs the drafter reads
+
+    def make_state(self):
+        """Per-conversation state (e.g. the context cache); supports `trim(n)` and `offset`."""
+
+    def observe(self, state, hidden: mx.array | None, tokens: list[int]) -> None:
+        """Committed rows: their tapped hidden states [1, n, taps*H] and token ids."""
+
+    def propose(self, state, anchor: int, k: int, sampling) -> Draft:
+        """Up to k tokens following `anchor`, which sits at position `state.offset`."""

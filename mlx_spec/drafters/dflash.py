@@ -1,0 +1,330 @@
+"""DFlash block-diffusion drafter (z-lab format): one pass drafts a whole block.
+
+The drafter has no embedding or LM head of its own; it borrows the target's. Target
+hidden states from `target_layer_ids` are fused (fc + RMSNorm) into context rows that
+every layer sees as extra keys/values; the block [anchor, MASK x (B-1)] attends to that
+context and bidirectionally to itself. Slot k predicts the token at position start + k.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.qwen3 import MLP
+from mlx_lm.models.rope_utils import initialize_rope
+
+from ..errors import DrafterMismatchError, LoadError
+from .base import Draft
+
+
+@dataclass
+class DFlashConfig:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    mask_token_id: int
+    target_layer_ids: list[int]
+    block_size: int = 16
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 40960
+    num_target_layers: int | None = None
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    is_causal: bool | None = None
+    attention_bias: bool = False
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    quantization: dict | None = None
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, cfg: dict) -> "DFlashConfig":
+        d = dict(cfg.get("dflash_config") or {})
+        rope = cfg.get("rope_parameters") or {}
+        n = cfg["num_hidden_layers"]
+        taps = d.get("target_layer_ids")
+        n_target = cfg.get("num_target_layers")
+        if taps is None:
+            if n_target is None:
+                raise LoadError("drafter config has neither target_layer_ids nor num_target_layers")
+            taps = [n_target // 2] if n == 1 else [round(1 + i * (n_target - 4) / (n - 1)) for i in range(n)]
+        return cls(
+            hidden_size=cfg["hidden_size"], num_hidden_layers=n,
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg.get("num_key_value_heads", cfg["num_attention_heads"]),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+            intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+            mask_token_id=d.get("mask_token_id", cfg.get("mask_token_id")),
+            target_layer_ids=list(taps),
+            block_size=d.get("block_size") or cfg.get("block_size") or 16,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta") or rope.get("rope_theta") or 1_000_000.0,
+            rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type") not in (None, "default") else None),
+            max_position_embeddings=cfg.get("max_position_embeddings", 40960),
+            num_target_layers=n_target, layer_types=cfg.get("layer_types"),
+            sliding_window=cfg.get("sliding_window"), is_causal=cfg.get("is_causal"),
+            attention_bias=cfg.get("attention_bias", False),
+            input_embedding_scale=d.get("input_embedding_scale", 1.0),
+            output_multiplier=d.get("output_multiplier", 1.0),
+            final_logit_softcapping=d.get("final_logit_softcapping"),
+            quantization=cfg.get("quantization"),
+        )
+
+    def window(self, i: int) -> int | None:
+        """Sliding-window size of layer i (None for full attention)."""
+        if self.layer_types and self.layer_types[i] == "sliding_attention":
+            return self.sliding_window
+        return None
+
+    def causal(self, i: int) -> bool:
+        return self.is_causal if self.is_causal is not None else self.window(i) is not None
+
+
+class DFlashAttention(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        h, nh, nkv, hd, bias = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.attention_bias
+        self.n_heads, self.n_kv_heads, self.scale = nh, nkv, hd**-0.5
+        self.q_proj = nn.Linear(h, nh * hd, bias=bias)
+        self.k_proj = nn.Linear(h, nkv * hd, bias=bias)
+        self.v_proj = nn.Linear(h, nkv * hd, bias=bias)
+        self.o_proj = nn.Linear(nh * hd, h, bias=bias)
+        self.q_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(hd, eps=cfg.rms_norm_eps)
+        self.rope = initialize_rope(hd, cfg.rope_theta, False, cfg.rope_scaling, cfg.max_position_embeddings)
+
+    def _heads(self, x, n):
+        B, L, _ = x.shape
+        return x.reshape(B, L, n, -1).transpose(0, 2, 1, 3)
+
+    def context_kv(self, ctx: mx.array, offset: int) -> tuple[mx.array, mx.array]:
+        """Keys/values of context rows at absolute positions offset, offset+1, ..."""
+        k = self.rope(self.k_norm(self._heads(self.k_proj(ctx), self.n_kv_heads)), offset=offset)
+        return k, self._heads(self.v_proj(ctx), self.n_kv_heads)
+
+    def __call__(self, x, ctx_kv, start: int, window: int | None, causal: bool):
+        q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
+        k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=start)
+        v = self._heads(self.v_proj(x), self.n_kv_heads)
+        ck, cv = ctx_kv
+        if ck is not None:
+            if window is not None:
+                ck, cv = ck[:, :, -(window - 1):], cv[:, :, -(window - 1):]
+            n_ctx = ck.shape[2]
+            k, v = mx.concatenate([ck, k], axis=2), mx.concatenate([cv, v], axis=2)
+        else:
+            n_ctx = 0
+        mask = None
+        if causal:
+            L = x.shape[1]
+            mask = mx.arange(n_ctx + L)[None] <= (n_ctx + mx.arange(L))[:, None]
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], -1))
+
+
+class DFlashLayer(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.self_attn = DFlashAttention(cfg)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+    def __call__(self, x, ctx_kv, start, window, causal):
+        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, start, window, causal)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class DFlashState:
+    """The drafter's context cache: fused K/V of committed rows only, so it never needs rollback
+    during decoding; `trim` serves prefix reuse across conversation turns."""
+
+    def __init__(self, n_layers: int):
+        self.caches = [KVCache() for _ in range(n_layers)]
+
+    @property
+    def offset(self) -> int:
+        return self.caches[0].offset
+
+    def trim(self, n: int) -> int:
+        return [c.trim(n) for c in self.caches][0]
+
+    def kv(self, i: int):
+        c = self.caches[i]
+        return c.keys_and_values() if c.keys is not None and c.offset > 0 else (None, None)
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DFlashConfig):
+        super().__init__()
+        self.config = cfg
+        n_taps = len(cfg.target_layer_ids)
+        self.fc = nn.Linear(n_taps * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.layers = [DFlashLayer(cfg) for _ in range(cfg.num_hidden_layers)]
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self._target = None  # borrowed embedding and head; not a parameter of ours
+
+    # --- the Drafter interface -------------------------------------------------
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def tap_ids(self) -> tuple[int, ...]:
+        return tuple(self.config.target_layer_ids)
+
+    def bind(self, target) -> "DFlashDrafter":
+        self._target = target
+        return self
+
+    def make_state(self) -> DFlashState:
+        return DFlashState(len(self.layers))
+
+    def observe(self, state: DFlashState, hidden: mx.array, tokens: list[int]) -> None:
+        ctx = self.hidden_norm(self.fc(hidden))
+        for layer, cache in zip(self.layers, state.caches):
+            cache.update_and_fetch(*layer.self_attn.context_kv(ctx, cache.offset))
+
+    def propose(self, state: DFlashState, anchor: int, k: int, sampling) -> Draft:
+        logits = self.block_logits(state, anchor, k + 1)[0, 1:]
+        if sampling.greedy:
+            return Draft(logits.argmax(-1).astype(mx.int32))
+        q = sampling.probs(logits)
+        return Draft(sampling.draw(q), q)
+
+    # --- the model ---------------------------------------------------------------
+    def block_logits(self, state: DFlashState, anchor: int, n_slots: int) -> mx.array:
+        cfg, target = self.config, self._target
+        ids = mx.array([[anchor] + [cfg.mask_token_id] * (n_slots - 1)])
+        h = target.embed(ids)
+        if cfg.input_embedding_scale != 1.0:
+            h = h * cfg.input_embedding_scale
+        start = state.offset
+        for i, layer in enumerate(self.layers):
+            h = layer(h, state.kv(i), start, cfg.window(i), cfg.causal(i))
+        logits = target.lm_head(self.norm(h)).astype(mx.float32) * cfg.output_multiplier
+        if cfg.final_logit_softcapping:
+            cap = cfg.final_logit_softcapping
+            logits = mx.tanh(logits / cap) * cap
+        return logits
+
+    def sanitize(self, weights: dict) -> dict:
+        renames = {"encoder.fc.": "fc.", "encoder.output_norm_enc.": "hidden_norm.", "model.": ""}
+        out = {}
+        for k, v in weights.items():
+            for old, new in renames.items():
+                if k.startswith(old):
+                    k = new + k[len(old):]
+            out[k] = v
+        return out
+
+
+def detect_kind(cfg: dict, weight_names: set[str]) -> str:
+    """Tell drafter formats apart by content, not by folder name."""
+    archs = " ".join(cfg.get("architectures") or [])
+    if "DFlash2" in archs or any("candidate_selector" in w for w in weight_names):
+        return "dflash2"
+    if "DSpark" in archs or any(w.startswith("markov_head") for w in weight_names):
+        return "dspark"
+    if "dflash_config" in cfg or "DFlash" in archs or "fc.weight" in weight_names:
+        return "dflash"
+    if "model_type" in cfg and any("embed_tokens" in w for w in weight_names):
+        return "lm"
+    return "unknown"
+
+
+def load_dflash(path: Path, target, target_config: dict) -> DFlashDrafter:
+    """Load a DFlash drafter folder and check that it fits `target` (a `Target`)."""
+    from ..loading import check_safetensors, read_config
+
+    raw = read_config(path)
+    files = check_safetensors(path)
+    weights = {}
+    for f in files:
+        weights.update(mx.load(str(f)))
+    kind = detect_kind(raw, set(weights))
+    if kind != "dflash":
+        hint = {
+            "dflash2": "a DFlash 2 drafter; DFlash 2 is not supported yet",
+            "dspark": "a DSpark drafter, not a DFlash one; DSpark is not supported yet",
+            "lm": "a plain language model, not a DFlash drafter",
+        }.get(kind, "not a DFlash drafter")
+        raise DrafterMismatchError(f"{path} is {hint}")
+    try:
+        cfg = DFlashConfig.from_dict(raw)
+    except KeyError as e:
+        raise LoadError(f"{path}/config.json lacks {e.args[0]!r}") from None
+    check_fit(cfg, target, target_config, path)
+    model = DFlashDrafter(cfg)
+    weights = model.sanitize(weights)
+    if cfg.quantization:
+        q = cfg.quantization
+        nn.quantize(model, group_size=q["group_size"], bits=q["bits"],
+                    class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
+    for name in [w for w in weights if w.startswith(("lm_head", "embed_tokens"))]:
+        weights.pop(name)  # tolerated copies of the target's own; the target's are used
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise DrafterMismatchError(f"{path}: weights do not match its config ({str(e).splitlines()[0]})") from None
+    fc_in = model.fc.weight.shape[-1] * (32 // cfg.quantization["bits"] if cfg.quantization else 1)
+    if fc_in != len(cfg.target_layer_ids) * cfg.hidden_size:
+        raise DrafterMismatchError(f"{path}: fc takes {fc_in} features, expected {len(cfg.target_layer_ids)} taps x {cfg.hidden_size}")
+    mx.eval(model.parameters())
+    return model.bind(target)
+
+
+def check_fit(cfg: DFlashConfig, target, target_config: dict, path: Path) -> None:
+    tcfg = target_config.get("text_config", target_config)
+    hidden, vocab, n_layers = tcfg.get("hidden_size"), tcfg.get("vocab_size"), target.num_layers
+    problems = []
+    if hidden is not None and cfg.hidden_size != hidden:
+        problems.append(f"hidden size {cfg.hidden_size} != target's {hidden}")
+    if vocab is not None and cfg.vocab_size != vocab:
+        problems.append(f"vocabulary {cfg.vocab_size} != target's {vocab}")
+    if cfg.mask_token_id is None or not 0 <= cfg.mask_token_id < (vocab or cfg.vocab_size):
+        problems.append(f"mask_token_id {cfg.mask_token_id} is not a token of the target")
+    bad = [i for i in cfg.target_layer_ids if not 0 <= i < n_layers]
+    if bad:
+        problems.append(f"target_layer_ids {bad} out of range for a {n_layers}-layer target")
+    if cfg.num_target_layers is not None and cfg.num_target_layers != n_layers:
+        problems.append(f"trained for a {cfg.num_target_layers}-layer target, this one has {n_layers}")
+    if problems:
+        raise DrafterMismatchError(f"drafter {path} does not fit the target: " + "; ".join(problems))
+
+
+def save_dflash(model: DFlashDrafter, out: Path, extra_config: dict | None = None) -> Path:
+    """Write a drafter folder in the public DFlash format."""
+    from mlx.utils import tree_flatten
+
+    cfg = model.config
+    out.mkdir(parents=True, exist_ok=True)
+    config = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+        "hidden_size": cfg.hidden_size, "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads, "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim, "intermediate_size": cfg.intermediate_size, "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_position_embeddings, "num_target_layers": cfg.num_target_layers,
+        "block_size": cfg.block_size, "attention_bias": cfg.attention_bias, "tie_word_embeddings": False,
+        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": cfg.target_layer_ids,
+                          "block_size": cfg.block_size},
+        **(extra_config or {}),
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    weights = {k: v for k, v in tree_flatten(model.parameters())}
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    return out

@@ -1,0 +1,131 @@
+"""Sampling settings, the target's token distribution, and lossless acceptance of a draft.
+
+The distribution mirrors mlx-lm's `make_sampler` exactly (top-p, min-p, top-k on the
+log-probabilities, then temperature), so speculative sampling follows the same law
+as mlx-lm's plain sampling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logits_processors
+
+from ..drafters.base import Draft
+from ..errors import MlxSpecError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    penalty_context: int = 20
+    logit_bias: dict[int, float] | None = field(default=None, hash=False)
+    seed: int | None = None
+
+    def __post_init__(self):
+        checks = [
+            (self.temperature >= 0, "temperature must be >= 0"),
+            (0 < self.top_p <= 1, "top_p must be in (0, 1]"),
+            (self.top_k >= 0, "top_k must be >= 0"),
+            (0 <= self.min_p <= 1, "min_p must be in [0, 1]"),
+            (self.repetition_penalty is None or self.repetition_penalty > 0, "repetition_penalty must be > 0"),
+            (self.penalty_context >= 1, "penalty_context must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise MlxSpecError(message)
+
+
+class Sampler:
+    """Per-request sampling: logits processors, the truncated distribution p, and a seeded key stream."""
+
+    def __init__(self, params: SamplingParams, vocab_size: int):
+        self.params = params
+        self.greedy = params.temperature == 0
+        if params.top_k >= vocab_size:
+            params = SamplingParams(**{**params.__dict__, "top_k": 0})
+            self.params = params
+        self.processors = make_logits_processors(
+            params.logit_bias, params.repetition_penalty, params.penalty_context,
+            params.presence_penalty, params.penalty_context, params.frequency_penalty, params.penalty_context,
+        )
+        self._key = mx.random.key(params.seed) if params.seed is not None else None
+
+    def process(self, history: list[int], drafts: list[int] | mx.array, logits: mx.array) -> mx.array:
+        """Apply processors to verify rows [n, V]; row i sees history + drafts[:i]."""
+        if not self.processors:
+            return logits
+        base = mx.array(history, dtype=mx.int32)
+        drafts = mx.array(drafts, dtype=mx.int32) if not isinstance(drafts, mx.array) else drafts
+        rows = []
+        for i in range(logits.shape[0]):
+            seen = mx.concatenate([base, drafts[:i]]) if i else base
+            row = logits[i : i + 1]
+            for processor in self.processors:
+                row = processor(seen, row)
+            rows.append(row)
+        return mx.concatenate(rows, axis=0)
+
+    def probs(self, logits: mx.array) -> mx.array:
+        """The distribution mlx-lm's sampler draws from, for each row of logits [n, V]."""
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        p = self.params
+        if 0 < p.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, p.top_p)
+        if p.min_p != 0.0:
+            logprobs = apply_min_p(logprobs, p.min_p)
+        if p.top_k > 0:
+            logprobs = apply_top_k(logprobs, p.top_k)
+        return mx.softmax(logprobs / p.temperature, axis=-1)
+
+    def key(self):
+        if self._key is None:
+            return None
+        self._key, sub = mx.random.split(self._key)
+        return sub
+
+    def draw(self, probs: mx.array) -> mx.array:
+        return mx.random.categorical(mx.log(probs), key=self.key()).astype(mx.int32)
+
+    def uniform(self, n: int) -> mx.array:
+        return mx.random.uniform(shape=(n,), key=self.key())
+
+
+def accept(logits: mx.array, draft: Draft, sampler: Sampler) -> tuple[int, list[int]]:
+    """Verify logits [k+1, V] against k drafts: (accepted count a, the a drafts + 1 bonus token).
+
+    One host sync. Greedy: accept while the draft equals the target's argmax. Sampling:
+    accept d_i with probability min(1, p_i(d_i) / q_i(d_i)); at the first rejection draw
+    from norm(max(0, p_i - q_i)); if all pass, draw the bonus from p_k. One-hot q for
+    deterministic drafts.
+    """
+    k = len(draft)
+    if sampler.greedy:
+        choice = logits.argmax(-1).astype(mx.int32)
+        ok = draft.tokens == choice[:k]
+    else:
+        p = sampler.probs(logits)
+        q = draft.q if draft.q is not None else _one_hot(draft.tokens, p.shape[-1])
+        idx = draft.tokens[:, None]
+        p_d = mx.take_along_axis(p[:k], idx, axis=-1)[:, 0]
+        q_d = mx.take_along_axis(q, idx, axis=-1)[:, 0]
+        ok = sampler.uniform(k) * q_d < p_d
+        residual = mx.maximum(p[:k] - q, 0.0)
+        empty = residual.sum(-1, keepdims=True) <= 0
+        residual = mx.where(empty, p[:k], residual)
+        choice = sampler.draw(mx.concatenate([residual / residual.sum(-1, keepdims=True), p[k:]], axis=0))
+    a = mx.cumprod(ok.astype(mx.int32)).sum() if k else mx.array(0)
+    out = mx.concatenate([a[None].astype(mx.int32), draft.tokens.astype(mx.int32), choice]).tolist()
+    n = out[0]
+    return n, out[1 : 1 + n] + [out[1 + k + n]]
+
+
+def _one_hot(tokens: mx.array, vocab: int) -> mx.array:
+    return (mx.arange(vocab)[None, :] == tokens[:, None]).astype(mx.float32)

@@ -1,0 +1,119 @@
+"""The target as the engine sees it: an mlx-lm model plus taps on chosen decoder layers.
+
+Taps are small wrapper modules substituted into the loaded model's own layer list;
+the model's forward is untouched, so any mlx-lm architecture exposing `.layers` works.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .errors import LoadError
+
+
+class _Sink:
+    """Holds captured outputs; not an mlx container, so it never shows up as a parameter."""
+
+    def __init__(self):
+        self.values: list[mx.array] = []
+
+
+class LayerTap(nn.Module):
+    """Runs the wrapped decoder layer and records its output."""
+
+    def __init__(self, inner: nn.Module, sink: _Sink):
+        super().__init__()
+        self.inner = inner
+        self._sink = sink
+
+    def __call__(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        self._sink.values.append(out)
+        return out
+
+    def __getattr__(self, key):
+        # mlx-lm code inspects layers (e.g. `layer.is_linear`, `layer.self_attn`): forward it.
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "inner" not in self:
+                raise
+            return getattr(self["inner"], key)
+
+
+def decoder_layers(model: nn.Module) -> list:
+    layers = getattr(model, "layers", None)
+    if not isinstance(layers, list) or not layers:
+        raise LoadError(f"{type(model).__module__} does not expose its decoder layers; cannot tap hidden states")
+    return layers
+
+
+class Target:
+    """Forward over M tokens returning logits and the concatenated tapped hidden states."""
+
+    def __init__(self, model: nn.Module, tap_ids: list[int] | tuple[int, ...] = ()):
+        self.model = model
+        self._sink = _Sink()
+        self.set_taps(tap_ids)
+
+    @property
+    def num_layers(self) -> int:
+        return len(decoder_layers(self.model))
+
+    def _install(self, ids):
+        layers = decoder_layers(self.model)
+        for i, layer in enumerate(layers):
+            inner = layer.inner if isinstance(layer, LayerTap) else layer
+            layers[i] = LayerTap(inner, self._sink) if i in ids else inner
+
+    def set_taps(self, ids) -> None:
+        n = self.num_layers
+        for i in ids:
+            if not 0 <= i < n:
+                raise LoadError(f"tap layer {i} is out of range for a target with {n} layers")
+        self.tap_ids = tuple(ids)
+        self._install(self.tap_ids)
+
+    def __call__(self, tokens: mx.array, cache) -> tuple[mx.array, mx.array | None]:
+        """tokens [1, M] -> logits [1, M, V] (float32) and hidden [1, M, n_taps * H] (or None)."""
+        self._sink.values.clear()
+        logits = self.model(tokens, cache=cache)
+        hidden = mx.concatenate(self._sink.values, axis=-1) if self.tap_ids else None
+        self._sink.values.clear()
+        return logits.astype(mx.float32), hidden
+
+    # The drafter borrows the target's embedding and LM head.
+    def embed(self, tokens: mx.array) -> mx.array:
+        inner = getattr(self.model, "model", self.model)
+        h = inner.embed_tokens(tokens)
+        if self.model_type.startswith("gemma"):
+            h = h * mx.array(inner.embed_tokens.weight.shape[-1] ** 0.5, h.dtype)
+        return h
+
+    def lm_head(self, h: mx.array) -> mx.array:
+        if hasattr(self.model, "lm_head"):
+            return self.model.lm_head(h)
+        return getattr(self.model, "model", self.model).embed_tokens.as_linear(h)
+
+    @property
+    def model_type(self) -> str:
+        return getattr(self.model, "model_type", "") or ""
+
+    def check_taps(self, tokens: list[int]) -> None:
+        """The tap on the last layer, through the final norm and head, must give the model's own choices.
+
+        Argmax, not values: some heads add a monotonic soft-cap after the projection.
+        """
+        saved = self.tap_ids
+        self.set_taps((self.num_layers - 1,))
+        try:
+            logits, hidden = self(mx.array([tokens]), cache=None)
+            norm = getattr(getattr(self.model, "model", self.model), "norm", None)
+            if norm is None:
+                return
+            mine = self.lm_head(norm(hidden)).astype(mx.float32)
+            if not mx.array_equal(mine.argmax(-1), logits.argmax(-1)).item():
+                raise LoadError(f"hidden-state taps do not reproduce {self.model_type} logits; architecture not supported")
+        finally:
+            self.set_taps(saved)

@@ -1,0 +1,241 @@
+"""`mlx-spec train-target`: the recipe that produces the embedded target model.
+
+A small Qwen3-architecture model (mlx-lm's own `qwen3` module, not a copy) trained
+from scratch on the offline corpus. Deterministic given the seed: the batch at
+step s depends only on (seed, s), so a resumed run continues exactly where it stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models import qwen3
+
+from . import corpus
+from .tokenizer import ENDOFTEXT, IM_END, render_chat, save_tokenizer, train_tokenizer
+
+
+@dataclass
+class TargetTrainConfig:
+    out: Path = Path("runs/target")
+    seed: int = 0
+    vocab_size: int = 4096
+    hidden_size: int = 256
+    num_layers: int = 8
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    intermediate_size: int = 768
+    max_position_embeddings: int = 2048
+    seq_len: int = 512
+    batch_size: int = 8
+    steps: int = 1400
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    eval_every: int = 100
+    eval_batches: int = 16
+    checkpoint_every: int = 50
+    val_fraction: float = 0.01
+    corpus: corpus.CorpusConfig = field(default_factory=corpus.CorpusConfig)
+
+    def model_args(self, vocab_size: int) -> qwen3.ModelArgs:
+        return qwen3.ModelArgs(
+            model_type="qwen3", hidden_size=self.hidden_size, num_hidden_layers=self.num_layers,
+            intermediate_size=self.intermediate_size, num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, rms_norm_eps=1e-6,
+            vocab_size=vocab_size, max_position_embeddings=self.max_position_embeddings,
+            rope_theta=10000.0, tie_word_embeddings=True,
+        )
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def prepare_data(cfg: TargetTrainConfig, log=print) -> tuple[np.ndarray, np.ndarray]:
+    """Build (once) the tokenizer and the tokenized train/val streams under cfg.out/data."""
+    data = cfg.out / "data"
+    if (data / "train.npy").exists():
+        return np.load(data / "train.npy"), np.load(data / "val.npy")
+    log("building corpus …")
+    docs = corpus.documents(cfg.corpus, render_chat)
+    log(f"corpus: {corpus.describe(docs)}")
+    tok = train_tokenizer((text for _, text in docs), cfg.vocab_size)
+    save_tokenizer(tok, data / "tokenizer", cfg.max_position_embeddings)
+    eot = tok.token_to_id(ENDOFTEXT)
+    encoded = tok.encode_batch([text for _, text in docs])
+    n_val = max(1, int(len(docs) * cfg.val_fraction))
+    streams = []
+    for part in (encoded[n_val:], encoded[:n_val]):
+        ids = [i for enc in part for i in enc.ids + [eot]]
+        streams.append(np.asarray(ids, dtype=np.uint16))
+    np.save(data / "train.npy", streams[0])
+    np.save(data / "val.npy", streams[1])
+    (data / "corpus.json").write_text(corpus.describe(docs) + "\n")
+    log(f"tokens: train {len(streams[0]):,}, val {len(streams[1]):,}")
+    return streams[0], streams[1]
+
+
+def batch_at(stream: np.ndarray, seed: int, step: int, batch: int, seq_len: int) -> mx.array:
+    rng = np.random.default_rng([seed, step])
+    starts = rng.integers(0, len(stream) - seq_len - 1, size=batch)
+    return mx.array(np.stack([stream[s : s + seq_len + 1] for s in starts]).astype(np.int32))
+
+
+# ----------------------------------------------------------------------------- training
+
+
+def loss_fn(model: nn.Module, tokens: mx.array) -> tuple[mx.array, mx.array]:
+    logits = model(tokens[:, :-1])
+    targets = tokens[:, 1:]
+    loss = nn.losses.cross_entropy(logits, targets, reduction="mean")
+    accuracy = (logits.argmax(-1) == targets).astype(mx.float32).mean()
+    return loss, accuracy
+
+
+def schedule(cfg: TargetTrainConfig):
+    warm = optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup)
+    decay = optim.cosine_decay(cfg.lr, max(1, cfg.steps - cfg.warmup), cfg.lr * cfg.min_lr_ratio)
+    return optim.join_schedules([warm, decay], [cfg.warmup])
+
+
+def evaluate(model: nn.Module, val: np.ndarray, cfg: TargetTrainConfig) -> tuple[float, float]:
+    stats = [loss_fn(model, batch_at(val, cfg.seed + 1, i, cfg.batch_size, cfg.seq_len)) for i in range(cfg.eval_batches)]
+    loss = sum(s[0].item() for s in stats) / len(stats)
+    return loss, sum(s[1].item() for s in stats) / len(stats)
+
+
+def save_checkpoint(path: Path, model, optimizer, step: int, cfg: TargetTrainConfig) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(model.parameters())))
+    mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
+    (tmp / "state.json").write_text(json.dumps({"step": step, "config": _jsonable(asdict(cfg))}, indent=2))
+    if path.exists():
+        for f in path.iterdir():
+            f.unlink()
+        path.rmdir()
+    tmp.rename(path)
+
+
+def load_checkpoint(path: Path, model, optimizer) -> int:
+    model.load_weights(str(path / "weights.safetensors"))
+    optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
+    return json.loads((path / "state.json").read_text())["step"]
+
+
+def train(cfg: TargetTrainConfig, init_from: Path | None = None) -> Path:
+    """Train (or resume) and export the model; returns the exported folder."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    train_ids, val_ids = prepare_data(cfg)
+    tok_dir = cfg.out / "data" / "tokenizer"
+    vocab = json.loads((tok_dir / "tokenizer.json").read_text())["model"]["vocab"]
+    mx.random.seed(cfg.seed)
+    model = qwen3.Model(cfg.model_args(len(vocab)))
+    optimizer = optim.AdamW(learning_rate=schedule(cfg), weight_decay=cfg.weight_decay)
+    ckpt = cfg.out / "checkpoint"
+    start = 0
+    if ckpt.exists():
+        start = load_checkpoint(ckpt, model, optimizer)
+    elif init_from is not None:
+        model.load_weights(str(init_from / "model.safetensors"))
+    mx.eval(model.parameters())
+    n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
+
+    state = [model.state, optimizer.state]
+
+    def _step(tokens):
+        (loss, acc), grads = nn.value_and_grad(model, loss_fn)(model, tokens)
+        grads, _ = optim.clip_grad_norm(grads, 1.0)
+        optimizer.update(model, grads)
+        return loss, acc
+
+    step_fn = mx.compile(_step, inputs=state, outputs=state)
+    log_file = (cfg.out / "log.jsonl").open("a")
+    tokens_per_step = cfg.batch_size * cfg.seq_len
+    columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
+    with Progress(*columns) as bar:
+        task = bar.add_task("train", total=cfg.steps, completed=start, info=f"{n_params/1e6:.1f}M params")
+        t0, ema = time.perf_counter(), None
+        for step in range(start, cfg.steps):
+            loss, acc = step_fn(batch_at(train_ids, cfg.seed, step, cfg.batch_size, cfg.seq_len))
+            mx.eval(loss, acc, state)
+            loss = loss.item()
+            ema = loss if ema is None else 0.95 * ema + 0.05 * loss
+            dt, t0 = time.perf_counter() - t0, time.perf_counter()
+            record = {"step": step + 1, "loss": round(loss, 4), "acc": round(acc.item(), 4),
+                      "lr": float(optimizer.learning_rate), "tok_s": round(tokens_per_step / dt)}
+            if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+                record["val_loss"], record["val_acc"] = (round(x, 4) for x in evaluate(model, val_ids, cfg))
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+                save_checkpoint(ckpt, model, optimizer, step + 1, cfg)
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+            info = f"loss {ema:.3f}" + (f" val {record['val_loss']:.3f}" if "val_loss" in record else "")
+            bar.update(task, completed=step + 1, info=f"{info} {record['tok_s']} tok/s")
+    return export(model, cfg, tok_dir, cfg.out / "model")
+
+
+def export(model, cfg: TargetTrainConfig, tok_dir: Path, out: Path) -> Path:
+    """Write the model in the Hugging Face / mlx-lm layout."""
+    import shutil
+
+    out.mkdir(parents=True, exist_ok=True)
+    args = model.args
+    tok = json.loads((tok_dir / "tokenizer.json").read_text())
+    ids = {t["content"]: t["id"] for t in tok["added_tokens"]}
+    eos = [ids[IM_END], ids[ENDOFTEXT]]
+    config = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "hidden_size": args.hidden_size, "num_hidden_layers": args.num_hidden_layers,
+        "intermediate_size": args.intermediate_size, "num_attention_heads": args.num_attention_heads,
+        "num_key_value_heads": args.num_key_value_heads, "head_dim": args.head_dim,
+        "rms_norm_eps": args.rms_norm_eps, "vocab_size": args.vocab_size,
+        "max_position_embeddings": args.max_position_embeddings, "rope_theta": args.rope_theta,
+        "tie_word_embeddings": True, "hidden_act": "silu", "attention_bias": False,
+        "torch_dtype": "float32", "bos_token_id": ids[ENDOFTEXT], "eos_token_id": eos,
+        "mlx_spec": {"trained_with": "mlx-spec train-target", "seq_len": cfg.seq_len, "seed": cfg.seed},
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    generation = {"bos_token_id": ids[ENDOFTEXT], "eos_token_id": eos, "do_sample": True,
+                  "temperature": 0.7, "top_p": 0.9, "top_k": 40}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(tok_dir / name, out / name)
+    return out
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    return str(obj) if isinstance(obj, Path) else obj
+
+
+def quantize_copy(src: Path, dst: Path, bits: int = 8, group_size: int = 64) -> Path:
+    """An affine-quantized copy (float32 scales: the fast path on CPU) in mlx-lm's layout."""
+    from mlx_lm.utils import load_model, quantize_model, save_config
+
+    model, config = load_model(src)
+    model, config = quantize_model(model, config, group_size=group_size, bits=bits)
+    dst.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(dst / "model.safetensors"), dict(tree_flatten(model.parameters())), metadata={"format": "mlx"})
+    save_config(config, config_path=dst / "config.json")
+    import shutil
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+        shutil.copy(src / name, dst / name)
+    return dst

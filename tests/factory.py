@@ -1,0 +1,124 @@
+"""Tiny models built in the tests, in exactly the on-disk formats real users load."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_map
+
+from mlx_spec.drafters.dflash import DFlashConfig, DFlashDrafter, save_dflash
+from mlx_spec.train.tokenizer import MASK, save_tokenizer, train_tokenizer
+
+TEXT = (
+    "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, x):\n        self.items.append(x)\n"
+    "Hello, how are you today? I am fine, thanks for asking. The quick brown fox jumps over the lazy dog.\n"
+    "for i in range(10):\n    print(i * i)\nimport os\nprint(os.path.join('a', 'b'))\n"
+) * 20
+
+ARCHS = {
+    "qwen3": dict(model_type="qwen3", head_dim=16, tie_word_embeddings=True, rope_theta=10000.0),
+    "llama": dict(model_type="llama", head_dim=16, tie_word_embeddings=False, rope_theta=10000.0),
+    "qwen2": dict(model_type="qwen2", tie_word_embeddings=True, rope_theta=10000.0),
+    "mistral": dict(model_type="mistral", head_dim=16, tie_word_embeddings=False, rope_theta=10000.0),
+    "gemma3_text": dict(model_type="gemma3_text", head_dim=16, rope_theta=10000.0, rope_local_base_freq=10000.0,
+                        query_pre_attn_scalar=16, sliding_window=8, sliding_window_pattern=2),
+}
+
+
+def make_tokenizer(out: Path, vocab_size: int = 320) -> Path:
+    save_tokenizer(train_tokenizer([TEXT], vocab_size), out, model_max_length=512)
+    return out
+
+
+def make_target(out: Path, tokenizer_dir: Path, arch: str = "qwen3", layers: int = 4, seed: int = 0,
+                scale: float = 4.0) -> Path:
+    """A random-weight target. Weights are scaled up so that logits are peaked, like a trained model's."""
+    from mlx_lm.utils import _get_classes
+
+    vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    config = dict(hidden_size=64, num_hidden_layers=layers, intermediate_size=128, num_attention_heads=4,
+                  num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=vocab, max_position_embeddings=512,
+                  **ARCHS[arch])
+    config["architectures"] = ["RandomForTests"]
+    config["eos_token_id"] = 2
+    mx.random.seed(seed)
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
+    return _save(model, config, tokenizer_dir, out)
+
+
+def _save(model, config, tokenizer_dir: Path, out: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for f in tokenizer_dir.iterdir():
+        shutil.copy(f, out / f.name)
+    return out
+
+
+def quantize(src: Path, out: Path, bits: int, group_size: int = 32) -> Path:
+    from mlx_lm.utils import load_model, quantize_model
+
+    model, config = load_model(src)
+    model, config = quantize_model(model, config, group_size=group_size, bits=bits)
+    return _save(model, config, src, out)
+
+
+def make_drafter(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 8, layers: int = 1,
+                 seed: int = 1, **overrides) -> Path:
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    tok = json.loads((target_dir / "tokenizer.json").read_text())
+    mask = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK)
+    cfg = DFlashConfig(hidden_size=tcfg["hidden_size"], num_hidden_layers=layers, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=tcfg["vocab_size"],
+                       mask_token_id=mask, target_layer_ids=list(taps), block_size=block_size,
+                       num_target_layers=tcfg["num_hidden_layers"], rope_theta=10000.0)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
+    mx.random.seed(seed)
+    return save_dflash(DFlashDrafter(cfg), out)
+
+
+class OracleDrafter:
+    """A test drafter that knows the right continuation and corrupts some of it.
+
+    It exercises every acceptance path of the loop (none, some, all accepted) without
+    a trained model. `truth[i]` is the token at absolute position i.
+    """
+
+    tap_ids = ()
+
+    def __init__(self, truth: list[int], block_size: int = 6, error_rate: float = 0.3, seed: int = 0,
+                 vocab: int = 100, sampled_q: bool = False):
+        import random
+
+        self.truth, self.block_size, self.error_rate = truth, block_size, error_rate
+        self.rng, self.vocab, self.sampled_q = random.Random(seed), vocab, sampled_q
+
+    class State:
+        def __init__(self):
+            self.offset = 0
+
+        def trim(self, n):
+            self.offset -= n
+            return n
+
+    def make_state(self):
+        return self.State()
+
+    def observe(self, state, hidden, tokens):
+        state.offset += len(tokens)
+
+    def propose(self, state, anchor, k, sampling):
+        from mlx_spec.drafters.base import Draft
+
+        start = state.offset + 1
+        out = []
+        for pos in range(start, start + k):
+            good = self.truth[pos] if pos < len(self.truth) else 0
+            out.append(self.rng.randrange(self.vocab) if self.rng.random() < self.error_rate else good)
+        return Draft(mx.array(out, dtype=mx.int32))
