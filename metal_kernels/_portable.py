@@ -22,6 +22,7 @@ CUDA_HEADER = r"""
 #define simdgroups_per_threadgroup ((blockDim.x + 31u) / 32u)
 #define threadgroup __shared__
 #define threadgroup_barrier(...) __syncthreads()
+#define FLOAT_BITS(f) __float_as_int(f)
 typedef unsigned int uint;
 namespace metal {
 __device__ inline float exp(float x) { return ::expf(x); }

@@ -14,6 +14,8 @@ from ._portable import KernelSpec, scalar_f32
 # takes every SG-th key and keeps an online softmax per row, so a key is read
 # once per chunk for all its rows; the SIMD groups then merge in threadgroup
 # memory. Outputs are unnormalised: o = sum p*v, l = sum p, m = max score.
+# Metal compiles with fast math, so "no score yet" is a finite -3e38, not -inf:
+# exp(-3e38 - m) is 0 without any infinity arithmetic.
 _PARTIAL = """
     constexpr int DPL = (D + 31) / 32;
     constexpr int R = G * L;
@@ -47,7 +49,7 @@ _PARTIAL = """
             qv[rr][i] = d < D ? static_cast<float>(qp[d]) * sc : 0.0f;
             o[rr][i] = 0.0f;
         }
-        m[rr] = -INFINITY;
+        m[rr] = -3.0e38f;
         l[rr] = 0.0f;
     }
     for (int j = k_begin + sg; j < k_end; j += SG) {
@@ -80,12 +82,12 @@ _PARTIAL = """
         threadgroup_barrier(mem_flags::mem_threadgroup);
         if (sg == 0 && r0 + rr < R) {
             int r = r0 + rr, hq = hk * G + r / L, qi = r % L;
-            float mm = -INFINITY;
+            float mm = -3.0e38f;
             for (int t = 0; t < SG; t++) mm = metal::max(mm, tm[t]);
             float ll = 0.0f, oo[DPL];
             for (int i = 0; i < DPL; i++) oo[i] = 0.0f;
             for (int t = 0; t < SG; t++) {
-                float f = tm[t] == -INFINITY ? 0.0f : metal::exp(tm[t] - mm);
+                float f = metal::exp(tm[t] - mm);
                 ll += tl[t] * f;
                 for (int i = 0; i < DPL; i++) {
                     int d = int(lane) + 32 * i;
@@ -104,18 +106,19 @@ _PARTIAL = """
 """
 
 # Pass 2. One SIMD group per output row (b, hq, i): rescale and sum the splits.
+# Split 0 always holds key 0, which every row sees, so mm is a real score.
 _MERGE = """
     constexpr int DPL = (D + 31) / 32;
     const int NS = pm_shape[1];
     const size_t row = threadgroup_position_in_grid.y;
     const uint lane = thread_index_in_simdgroup;
-    float mm = -INFINITY;
+    float mm = -3.0e38f;
     for (int s = 0; s < NS; s++) mm = metal::max(mm, pm[row * NS + s]);
     float den = 0.0f, acc[DPL];
     for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
     for (int s = 0; s < NS; s++) {
         float ms = pm[row * NS + s];
-        float f = ms == -INFINITY ? 0.0f : metal::exp(ms - mm);
+        float f = metal::exp(ms - mm);
         den += pl[row * NS + s] * f;
         for (int i = 0; i < DPL; i++) {
             int d = int(lane) + 32 * i;
@@ -146,6 +149,7 @@ def launch(q, k, v, *, scale: float, split: int) -> tuple[dict, dict]:
     """Keyword arguments of the two kernel calls."""
     B, Hq, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
+    assert S >= L and Hq % Hkv == 0, (q.shape, k.shape)
     G, ns = Hq // Hkv, -(-S // split)
     rows = B * Hq * L
     partial = dict(

@@ -43,7 +43,12 @@ class LayerTap(nn.Module):
 
 
 def decoder_layers(model: nn.Module) -> list:
-    layers = getattr(model, "layers", None)
+    """The list object that stores the decoder layers (not a sliced copy such as `pipeline_layers`)."""
+    for owner in (model, getattr(model, "language_model", None)):
+        inner = owner.get("model") if isinstance(owner, nn.Module) else None
+        if isinstance(inner, nn.Module) and isinstance(inner.get("layers"), list) and inner["layers"]:
+            return inner["layers"]
+    layers = model.get("layers") if isinstance(model, nn.Module) else None
     if not isinstance(layers, list) or not layers:
         raise LoadError(f"{type(model).__module__} does not expose its decoder layers; cannot tap hidden states")
     return layers

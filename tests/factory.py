@@ -122,3 +122,46 @@ class OracleDrafter:
             good = self.truth[pos] if pos < len(self.truth) else 0
             out.append(self.rng.randrange(self.vocab) if self.rng.random() < self.error_rate else good)
         return Draft(mx.array(out, dtype=mx.int32))
+
+
+class SelfDrafter:
+    """Drafts by sampling the target itself at a distorted temperature, so q != p but overlaps it.
+
+    mode: "sampled" (honest q), "argmax-onehot" (argmax drafts, q=None: lossless),
+    "argmax-softq" (argmax drafts reported with a soft q: the classic bug, must be caught).
+    """
+
+    tap_ids = ()
+
+    def __init__(self, model, block_size: int = 4, distort: float = 0.6, mode: str = "sampled"):
+        self.model, self.block_size, self.distort, self.mode = model, block_size, distort, mode
+
+    class State(OracleDrafter.State):
+        def __init__(self):
+            super().__init__()
+            self.tokens = []
+
+        def trim(self, n):
+            del self.tokens[len(self.tokens) - n:]
+            return super().trim(n)
+
+    def make_state(self):
+        return self.State()
+
+    def observe(self, state, hidden, tokens):
+        state.offset += len(tokens)
+        state.tokens += list(tokens)
+
+    def propose(self, state, anchor, k, sampling):
+        from mlx_spec.drafters.base import Draft
+
+        seq, toks, qs = state.tokens + [anchor], [], []
+        for _ in range(k):
+            logits = self.model(mx.array([seq]))[0, -1:].astype(mx.float32) * self.distort
+            q = sampling.probs(logits)
+            t = q.argmax(-1) if self.mode.startswith("argmax") else sampling.draw(q)
+            toks.append(t.item())
+            qs.append(q)
+            seq.append(toks[-1])
+        q = None if self.mode == "argmax-onehot" else mx.concatenate(qs, axis=0)
+        return Draft(mx.array(toks, dtype=mx.int32), q)

@@ -1,0 +1,259 @@
+"""Where the custom Metal kernels are used, and where their plain-MLX twins run.
+
+On Metal each call shape is settled once by a quick on-device race between the
+twin and the kernel variants (a kernel must agree with the twin and be faster);
+the choice is cached in ~/.cache/mlx-spec/kernels.json, keyed by device, MLX
+version, shape and dtype. Everywhere else, or with `enabled=False`
+(`--no-kernels`), the twins run, and the results are bit-identical to mlx-lm's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_map_with_path
+
+from mlx_spec.metal_kernels import fused_accept as _acc
+from mlx_spec.metal_kernels import qmm_mma as _mma
+from mlx_spec.metal_kernels import qmm_rows as _rows
+from mlx_spec.metal_kernels import verify_attention as _attn
+
+DEFAULT_CACHE = Path.home() / ".cache" / "mlx-spec" / "kernels.json"
+_TOL = {mx.float32: 1e-3, mx.float16: 1e-2, mx.bfloat16: 3e-2}
+
+
+@dataclass
+class KernelConfig:
+    """Kernel use for one engine. `force` names the variant to use without a race
+    ("ref", "kernel", "rows", "mma"); `make_kernel` builds a kernel from a
+    `KernelSpec` (default: the Metal kernel; tests pass a simulator)."""
+
+    enabled: bool = True
+    race: bool = True
+    cache_file: Optional[Path] = None
+    force: Optional[str] = None
+    make_kernel: Optional[Callable] = None
+    _choices: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _loaded: bool = field(default=False, init=False, repr=False, compare=False)
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and (self.make_kernel is not None or metal_available())
+
+    def kernel(self, spec):
+        return self.make_kernel(spec) if self.make_kernel else spec.metal()
+
+
+def metal_available() -> bool:
+    return mx.metal.is_available() and mx.default_device().type == mx.gpu
+
+
+def _device_name() -> str:
+    try:
+        info = mx.device_info()
+        return f"{info.get('device_name', '?')}/{info.get('architecture', '?')}"
+    except Exception:
+        return "unknown"
+
+
+# ---------------------------------------------------------------- selection
+def _cache_path(config: KernelConfig) -> Path:
+    return Path(config.cache_file) if config.cache_file else DEFAULT_CACHE
+
+
+def _load(config: KernelConfig) -> None:
+    if config._loaded:
+        return
+    config._loaded = True
+    try:
+        config._choices.update(json.loads(_cache_path(config).read_text()))
+    except (OSError, ValueError):
+        pass
+
+
+def _save(config: KernelConfig) -> None:
+    path = _cache_path(config)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(config._choices, indent=1, sort_keys=True))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only home only costs a race per process
+
+
+def _time(fn, reps: int = 7) -> float:
+    for _ in range(2):
+        mx.eval(fn())
+    mx.synchronize()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        mx.eval(fn())
+        mx.synchronize()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+def _close(out, ref) -> bool:
+    outs, refs = (out, ref) if isinstance(out, (tuple, list)) else ((out,), (ref,))
+    for a, b in zip(outs, refs):
+        if a.shape != b.shape:
+            return False
+        if mx.issubdtype(b.dtype, mx.integer):
+            if not mx.array_equal(a, b).item():
+                return False
+        else:
+            a, b32 = a.astype(mx.float32), b.astype(mx.float32)
+            tol = _TOL.get(b.dtype, 1e-3) * (mx.abs(b32).max().item() + 1.0)
+            if not mx.abs(a - b32).max().item() <= tol:
+                return False
+    return True
+
+
+def _race(candidates: dict) -> str:
+    ref = candidates["ref"]()
+    mx.eval(ref)
+    times = {"ref": _time(candidates["ref"])}
+    for name, fn in candidates.items():
+        if name == "ref":
+            continue
+        try:
+            out = fn()
+            mx.eval(out)
+            if _close(out, ref):  # a wrong answer never wins
+                times[name] = _time(fn)
+        except Exception:
+            pass
+    best = min(times, key=times.get)
+    # a kernel has to win clearly: timing noise must not flip choices
+    return best if best == "ref" or times[best] < 0.95 * times["ref"] else "ref"
+
+
+def select(config: KernelConfig, key: tuple, candidates: dict) -> str:
+    """The variant to run for `key` ('ref' is the twin); races once per key."""
+    if not config.active:
+        return "ref"
+    if config.force:
+        if config.force == "kernel":  # the widest variant offered for this shape
+            return list(candidates)[-1]
+        return config.force if config.force in candidates else "ref"
+    k = "|".join([_device_name(), mx.__version__, *map(str, key)])
+    _load(config)
+    if k not in config._choices:
+        if not config.race:
+            return "ref"
+        config._choices[k] = _race(candidates)
+        _save(config)
+    return config._choices[k] if config._choices[k] in candidates else "ref"
+
+
+# ---------------------------------------------------------------- entry points
+def fused_accept(logits: mx.array, draft_tokens: mx.array, config: Optional[KernelConfig] = None):
+    """Greedy verify outcome (target_argmax (M,), accepted_len (), bonus ()), int32,
+    without a host sync: read all three together, once per round."""
+    config = config or KernelConfig(enabled=False)
+    logits = logits.reshape(-1, logits.shape[-1])
+    draft = draft_tokens.reshape(-1)
+    cands = {"ref": lambda: _acc.fused_accept_ref(logits, draft)}
+    if config.active:
+        kern = config.kernel(_acc.SPEC)
+        cands["kernel"] = lambda: _acc.fused_accept(logits, draft, kernel=kern)
+    key = ("accept", logits.shape, logits.dtype)
+    return cands[select(config, key, cands)]()
+
+
+def _attn_split(s: int) -> int:
+    return 128 if s <= 2048 else 256
+
+
+def verify_attention(queries, keys, values, *, scale: float, config: Optional[KernelConfig] = None):
+    """Causal SDPA of a verify block: queries (B, Hq, L, D) at the last L positions
+    of keys/values (B, Hkv, S, D). Same result as `mx.fast.scaled_dot_product_attention(
+    ..., mask="causal")`; the kernel serves 2 <= L <= 16."""
+    config = config or KernelConfig(enabled=False)
+    cands = {"ref": lambda: _attn.verify_attention_ref(queries, keys, values, scale=scale)}
+    L, S = queries.shape[2], keys.shape[2]
+    if config.active and 2 <= L <= 16 and S >= L and queries.shape[-1] <= 256:
+        kerns = (config.kernel(_attn.PARTIAL_SPEC), config.kernel(_attn.MERGE_SPEC))
+        cands["kernel"] = lambda: _attn.verify_attention(
+            queries, keys, values, scale=scale, split=_attn_split(S), kernels=kerns)
+    # one race per power-of-two KV length: S grows every round
+    bucket = 1 << max(S - 1, 1).bit_length()
+    key = ("attn", queries.shape[:3], keys.shape[1], bucket, queries.shape[3], queries.dtype)
+    return cands[select(config, key, cands)]()
+
+
+def quantized_matmul(x, w, scales, biases, *, group_size: int, bits: int,
+                     config: Optional[KernelConfig] = None):
+    """`x @ dequantize(w).T` (affine mode); the kernels serve 2 <= rows <= 32."""
+    config = config or KernelConfig(enabled=False)
+    cands = {"ref": lambda: _rows.quantized_matmul_ref(x, w, scales, biases,
+                                                       group_size=group_size, bits=bits)}
+    m = x.size // x.shape[-1]
+    if (config.active and 2 <= m <= 32 and bits in (4, 8) and group_size in (32, 64, 128)
+            and biases is not None):
+        kw = dict(group_size=group_size, bits=bits)
+        rows_k = config.kernel(_rows.SPEC)
+        cands["rows"] = lambda: _rows.qmm_rows(x, w, scales, biases, kernel=rows_k, **kw)
+        if m >= 8:
+            mma_k = config.kernel(_mma.SPEC)
+            cands["mma"] = lambda: _mma.qmm_mma(x, w, scales, biases, kernel=mma_k, **kw)
+    key = ("qmm", m, x.shape[-1], w.shape[0], bits, group_size, x.dtype, scales.dtype)
+    return cands[select(config, key, cands)]()
+
+
+# ---------------------------------------------------------------- model patching
+class VerifyQuantizedLinear(nn.QuantizedLinear):
+    """`nn.QuantizedLinear` whose matmul goes through `quantized_matmul` above."""
+
+    def __call__(self, x):
+        if self.mode != "affine":
+            return super().__call__(x)
+        y = quantized_matmul(x, self["weight"], self["scales"], self.get("biases"),
+                             group_size=self.group_size, bits=self.bits,
+                             config=self._kernel_config)
+        if "bias" in self:
+            y = y + self["bias"]
+        return y
+
+
+class VerifyQuantizedEmbedding(nn.QuantizedEmbedding):
+    """`nn.QuantizedEmbedding` whose tied-head `as_linear` uses `quantized_matmul`."""
+
+    def as_linear(self, x):
+        if self.mode != "affine":
+            return super().as_linear(x)
+        return quantized_matmul(x, self["weight"], self["scales"], self.get("biases"),
+                                group_size=self.group_size, bits=self.bits,
+                                config=self._kernel_config)
+
+
+def _substitute(cls, layer, config):
+    # same parameters and attributes, our class: a copy, not a patch of mlx's
+    new = cls.__new__(cls)
+    new.__dict__.update(layer.__dict__)
+    dict.update(new, layer)
+    new._kernel_config = config
+    return new
+
+
+def patch_model(model: nn.Module, config: KernelConfig) -> nn.Module:
+    """Swap the model's quantized layers for the dispatching subclasses (in place)."""
+    swap = {nn.QuantizedLinear: VerifyQuantizedLinear, nn.QuantizedEmbedding: VerifyQuantizedEmbedding}
+
+    def replace(_path, m):
+        cls = swap.get(type(m))
+        return _substitute(cls, m, config) if cls else m
+
+    leaves = tree_map_with_path(replace, model.leaf_modules(), is_leaf=nn.Module.is_module)
+    model.update_modules(leaves)
+    return model

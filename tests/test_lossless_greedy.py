@@ -1,0 +1,104 @@
+"""Greedy speculative output equals plain greedy decoding (mlx-lm) token for token."""
+
+import mlx_lm
+import pytest
+
+import factory
+import mlx_spec
+
+PROMPTS = ["def add(a, b):", "Hello, how are you", "for i in range(10):\n    print("]
+
+
+def plain(model_dir, prompt, n):
+    """mlx-lm's plain greedy tokens (its final response repeats the EOS token; drop it)."""
+    model, tok = mlx_lm.load(str(model_dir))
+    responses = list(mlx_lm.stream_generate(model, tok, prompt, max_tokens=n))
+    tokens = [r.token for r in responses]
+    return tokens[:-1] if responses[-1].finish_reason == "stop" else tokens
+
+
+def spec(model, tok, prompt, n, **kw):
+    out = []
+    for r in mlx_spec.stream_generate(model, tok, prompt, max_tokens=n, **kw):
+        out += r.tokens
+    return out, r
+
+
+@pytest.fixture(scope="module", params=["qwen3", "llama", "qwen2", "mistral", "gemma3_text"])
+def arch_pair(request, models_dir, tokenizer_dir):
+    arch = request.param
+    target = models_dir / f"arch-{arch}"
+    if not target.exists():
+        factory.make_target(target, tokenizer_dir, arch, seed=3)
+    return arch, target
+
+
+@pytest.mark.parametrize("precision", ["fp32", "q8", "q4"])
+def test_dflash_greedy_matches_plain(arch_pair, precision, models_dir):
+    arch, target = arch_pair
+    if precision != "fp32":
+        qdir = models_dir / f"arch-{arch}-{precision}"
+        if not qdir.exists():
+            factory.quantize(target, qdir, bits=int(precision[1]))
+        target = qdir
+    drafter = factory.make_drafter(models_dir / f"dflash-{arch}-{precision}", target, taps=(0, 2), block_size=16)
+    model, tok = mlx_spec.load(str(target), drafter=str(drafter))
+    for prompt in PROMPTS[:2]:
+        ref = plain(target, prompt, 30)
+        for block in (2, 5, 16):
+            got, last = spec(model, tok, prompt, 30, block_size=block)
+            assert got == ref, (arch, precision, block, prompt)
+            assert last.spec.drafted == last.spec.rounds * (block - 1)
+
+
+@pytest.mark.parametrize("error_rate", [0.0, 0.15, 0.4, 1.0])
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text"])
+def test_partial_acceptance_is_lossless(arch, error_rate, models_dir, tokenizer_dir):
+    """An oracle drafter with corrupted tokens drives every accept/reject/trim path.
+
+    gemma3_text has sliding-window layers (window 8), so trims also happen after the ring buffer wraps.
+    """
+    target = models_dir / f"arch-{arch}"
+    if not target.exists():
+        factory.make_target(target, tokenizer_dir, arch, seed=3)
+    model, tok = mlx_spec.load(str(target), drafter=None)
+    for prompt in PROMPTS:
+        n = 48
+        ids = tok.encode(prompt)
+        ref = plain(target, prompt, n)
+        for block in (2, 4, 8):
+            model.drafter = factory.OracleDrafter(ids + ref, block, error_rate, seed=block, vocab=300)
+            got, last = spec(model, tok, prompt, n, block_size=block)
+            assert got == ref, (arch, error_rate, block, prompt)
+            if error_rate == 0.0:  # only the last round may run past the known continuation
+                assert last.spec.accepted >= last.spec.drafted - (block - 1)
+            if error_rate == 1.0:
+                assert last.spec.accepted < last.spec.drafted
+
+
+def test_max_tokens_eos_and_stop(target_dir):
+    model, tok = mlx_spec.load(str(target_dir), drafter=None)
+    prompt = "def add(a, b):"
+    ids = tok.encode(prompt)
+    ref = plain(target_dir, prompt, 40)
+    for n in (1, 2, 7, 13):
+        model.drafter = factory.OracleDrafter(ids + ref, 6, 0.0)
+        got, last = spec(model, tok, prompt, n, block_size=6)
+        assert got == ref[:n] and last.generation_tokens == n and last.finish_reason == "length"
+
+    # EOS inside an accepted run: everything after it is dropped.
+    eos_at = 9
+    truth = ref[:eos_at] + [2] + ref[eos_at:]
+    model.drafter = factory.OracleDrafter(ids + truth, 8, 0.0)
+    tok.add_eos_token(tok.convert_ids_to_tokens(ref[eos_at]))
+    got, last = spec(model, tok, prompt, 40, block_size=8)
+    assert got == ref[:eos_at] and last.finish_reason == "stop"
+
+    # A stop string is cut from the text and ends generation.
+    fresh, tok2 = mlx_spec.load(str(target_dir), drafter=None)
+    full = mlx_spec.generate(fresh, tok2, prompt, max_tokens=40)
+    stop = full[12:15]
+    fresh.drafter = factory.OracleDrafter(ids + ref, 6, 0.0)
+    pieces = list(mlx_spec.stream_generate(fresh, tok2, prompt, max_tokens=40, stop=[stop, "never-there"], block_size=6))
+    text = "".join(p.text for p in pieces)
+    assert pieces[-1].finish_reason == "stop" and text == full[: full.find(stop)]
