@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_map_with_path
+from mlx_lm.models import llama, qwen3
 
 from mlx_spec.metal_kernels import fused_accept as _acc
 from mlx_spec.metal_kernels import qmm_mma as _mma
@@ -237,8 +237,46 @@ class VerifyQuantizedEmbedding(nn.QuantizedEmbedding):
                                 config=self._kernel_config)
 
 
+class _VerifyAttention:
+    """The mlx-lm qwen3/llama attention body with the verify-block SDPA routed
+    through `verify_attention`; anything else runs the original body."""
+
+    def __call__(self, x, mask=None, cache=None):
+        B, L, _ = x.shape
+        cfg = self._kernel_config
+        plain_cache = cache is not None and not hasattr(cache, "bits")
+        if not (cfg.active and 2 <= L <= 16 and plain_cache and isinstance(mask, str) and mask == "causal"):
+            return super().__call__(x, mask=mask, cache=cache)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k = q.reshape(B, L, self.n_heads, -1), k.reshape(B, L, self.n_kv_heads, -1)
+        if "q_norm" in self:  # qwen3 normalises heads before RoPE
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
+        v = v.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q, k = self.rope(q, offset=cache.offset), self.rope(k, offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        out = verify_attention(q, k, v, scale=self.scale, config=cfg)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class VerifyQwen3Attention(_VerifyAttention, qwen3.Attention):
+    pass
+
+
+class VerifyLlamaAttention(_VerifyAttention, llama.Attention):
+    pass
+
+
+SWAPS = {
+    nn.QuantizedLinear: VerifyQuantizedLinear,
+    nn.QuantizedEmbedding: VerifyQuantizedEmbedding,
+    qwen3.Attention: VerifyQwen3Attention,
+    llama.Attention: VerifyLlamaAttention,
+}
+
+
 def _substitute(cls, layer, config):
-    # same parameters and attributes, our class: a copy, not a patch of mlx's
+    # same parameters, children and attributes, our class: a copy, not a patch of mlx's
     new = cls.__new__(cls)
     new.__dict__.update(layer.__dict__)
     dict.update(new, layer)
@@ -247,13 +285,19 @@ def _substitute(cls, layer, config):
 
 
 def patch_model(model: nn.Module, config: KernelConfig) -> nn.Module:
-    """Swap the model's quantized layers for the dispatching subclasses (in place)."""
-    swap = {nn.QuantizedLinear: VerifyQuantizedLinear, nn.QuantizedEmbedding: VerifyQuantizedEmbedding}
-
-    def replace(_path, m):
-        cls = swap.get(type(m))
-        return _substitute(cls, m, config) if cls else m
-
-    leaves = tree_map_with_path(replace, model.leaf_modules(), is_leaf=nn.Module.is_module)
-    model.update_modules(leaves)
+    """Swap the model's quantized layers and qwen3/llama attention modules for the
+    dispatching subclasses above (in place; exact classes only, so models with
+    other attention bodies keep theirs). Returns the model."""
+    found = [(path, m) for path, m in model.named_modules() if path and type(m) in SWAPS]
+    # children first, so a substituted parent holds the substituted children
+    for path, m in sorted(found, key=lambda pm: -pm[0].count(".")):
+        *parents, last = path.split(".")
+        parent = model
+        for p in parents:
+            parent = parent[int(p)] if isinstance(parent, list) else parent[p]
+        new = _substitute(SWAPS[type(m)], m, config)
+        if isinstance(parent, list):
+            parent[int(last)] = new
+        else:
+            parent.update_modules({last: new})
     return model

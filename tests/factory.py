@@ -55,7 +55,7 @@ def _save(model, config, tokenizer_dir: Path, out: Path) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    for f in tokenizer_dir.iterdir():
+    for f in tokenizer_dir.glob("*token*"):
         shutil.copy(f, out / f.name)
     return out
 

@@ -43,6 +43,8 @@ def test_dflash_greedy_matches_plain(arch_pair, precision, models_dir):
         target = qdir
     drafter = factory.make_drafter(models_dir / f"dflash-{arch}-{precision}", target, taps=(0, 2), block_size=16)
     model, tok = mlx_spec.load(str(target), drafter=str(drafter))
+    quantized = "Quantized" in type(model.model.layers[0].mlp.up_proj).__name__
+    assert quantized == (precision != "fp32")
     for prompt in PROMPTS[:2]:
         ref = plain(target, prompt, 30)
         for block in (2, 5, 16):

@@ -1,0 +1,27 @@
+"""Multi-turn reuse: a follow-up turn reuses the cached prefix and still decodes losslessly."""
+
+import mlx_spec
+
+
+def test_follow_up_turn_reuses_prefix(target_dir, drafter_dir):
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    chat = [{"role": "user", "content": "Hello, how are you"}]
+    cache = mlx_spec.make_prompt_cache(model)
+    first = list(mlx_spec.stream_generate(model, tok, chat, 12, prompt_cache=cache, block_size=4))
+    reply = "".join(r.text for r in first)
+    assert first[-1].cached_tokens == 0
+
+    chat += [{"role": "assistant", "content": reply}, {"role": "user", "content": "def add(a, b):"}]
+    second = list(mlx_spec.stream_generate(model, tok, chat, 12, prompt_cache=cache, block_size=4))
+    fresh = list(mlx_spec.stream_generate(model, tok, chat, 12, block_size=4))
+    prompt_len = second[-1].prompt_tokens
+    assert second[-1].cached_tokens >= len(tok.apply_chat_template(chat[:1], add_generation_prompt=True))
+    assert second[-1].cached_tokens < prompt_len
+    assert [t for r in second for t in r.tokens] == [t for r in fresh for t in r.tokens]
+
+    # A diverging history (edited first message) trims the cache back, drafter context included.
+    edited = [{"role": "user", "content": "Hello, who are you"}]
+    again = list(mlx_spec.stream_generate(model, tok, edited, 12, prompt_cache=cache, block_size=4))
+    fresh = list(mlx_spec.stream_generate(model, tok, edited, 12, block_size=4))
+    assert [t for r in again for t in r.tokens] == [t for r in fresh for t in r.tokens]
+    assert cache.drafter.offset == len(cache.tokens) == cache.target[0].offset
