@@ -131,8 +131,12 @@ _MERGE = """
     }
 """
 
-SG = 4   # SIMD groups per threadgroup in pass 1
-RT = 8   # query rows per threadgroup in pass 1 (registers: 2 * RT * D / 32 floats)
+SG = 4  # SIMD groups per threadgroup in pass 1
+
+
+def rows_per_threadgroup(d: int) -> int:
+    # q and o take 2 * RT * ceil(D / 32) registers per lane: stay near 64
+    return 8 if d <= 128 else 4
 
 
 def make_partial_spec(source: str = _PARTIAL) -> KernelSpec:
@@ -150,12 +154,12 @@ def launch(q, k, v, *, scale: float, split: int) -> tuple[dict, dict]:
     B, Hq, L, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     assert S >= L and Hq % Hkv == 0, (q.shape, k.shape)
-    G, ns = Hq // Hkv, -(-S // split)
+    G, ns, rt = Hq // Hkv, -(-S // split), rows_per_threadgroup(D)
     rows = B * Hq * L
     partial = dict(
         inputs=[q, k, v, scalar_f32(scale)],
-        template=[("D", D), ("G", G), ("L", L), ("RT", RT), ("SG", SG), ("SPLIT", split)],
-        grid=(ns * SG * 32, B * Hkv, -(-G * L // RT)),
+        template=[("D", D), ("G", G), ("L", L), ("RT", rt), ("SG", SG), ("SPLIT", split)],
+        grid=(ns * SG * 32, B * Hkv, -(-G * L // rt)),
         threadgroup=(SG * 32, 1, 1),
         output_shapes=[(rows, ns, D), (rows, ns), (rows, ns)],
         output_dtypes=[mx.float32] * 3,

@@ -14,13 +14,14 @@ from mlx_spec.metal_kernels import verify_attention as A
 
 # (B, Hq, Hkv, L, S, D, dtype, split): GQA ratios 1-8, KV lengths that are not
 # multiples of the split, S == L, a head dim that is not a multiple of 32,
-# more query rows than one threadgroup holds (G * L > RT).
+# more query rows than one threadgroup holds (G * L > RT), D = 256 (RT = 4).
 CASES = [
     (1, 4, 2, 3, 150, 64, mx.float32, 64),
     (2, 8, 1, 5, 70, 80, mx.bfloat16, 32),
     (1, 6, 6, 16, 40, 32, mx.float16, 64),
     (1, 8, 2, 2, 2, 128, mx.float32, 32),
     (1, 12, 4, 7, 301, 64, mx.bfloat16, 128),
+    (1, 2, 1, 16, 33, 256, mx.bfloat16, 32),
 ]
 
 
