@@ -8,7 +8,11 @@ import sys
 
 COMMANDS = {
     "generate": ("mlx_spec.commands.generate", "generate text (speculatively when a drafter is available)"),
+    "chat": ("mlx_spec.app.chat.cli", "chat in the terminal, with live speculation stats"),
     "train-target": ("mlx_spec.commands.train_target", "train the embedded target model from the offline corpus"),
+    "serve": ("mlx_spec.app.server.cli", "OpenAI-compatible HTTP server (chat, completions, metrics)"),
+    "train-drafter": ("mlx_spec.commands.train_drafter", "train a DFlash drafter on the target's own answers"),
+    "eval-drafter": ("mlx_spec.commands.eval_drafter", "measure a drafter's acceptance length with the real loop"),
 }
 
 

@@ -89,11 +89,13 @@ def make_prompt_cache(model: Loaded) -> PromptCache:
 def stream_generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
                     sampling: SamplingParams | None = None, stop: list[str] | None = None,
                     prompt_cache: PromptCache | None = None, block_size: int | None = None,
-                    draft_lengths=None, **sampling_kwargs) -> Iterator[GenerationResponse]:
+                    adaptive: bool = True, draft_lengths=None, **sampling_kwargs) -> Iterator[GenerationResponse]:
     """Yield one response per verify round; the last has `finish_reason` and the run's `spec` stats.
 
     Sampling options (temperature, top_p, top_k, min_p, penalties, seed) may be given as keywords
-    or as a `SamplingParams`. Speculation is used when `model` has a drafter.
+    or as a `SamplingParams`. Speculation is used when `model` has a drafter: with a fixed block
+    when `block_size` is given, else with a draft length chosen each round from this machine's
+    cost curve and the observed acceptance (`adaptive=False`: always the drafter's full block).
     """
     if sampling_kwargs:
         if "temp" in sampling_kwargs:
@@ -112,12 +114,21 @@ def stream_generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
         raise ContextOverflowError(len(ids), max_tokens, model.context_length)
     max_tokens = min(max_tokens, model.context_length - len(ids))
     pc = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    drafter = model.drafter
     if draft_lengths is None:
-        k = 0 if drafter is None else (block_size or drafter.block_size) - 1
-        draft_lengths = FixedLength(max(0, k))
+        draft_lengths = choose_lengths(model, block_size, adaptive)
     sampler = Sampler(sampling, vocab_size=_vocab(model))
     yield from _stream(model, tokenizer, ids, max_tokens, sampler, stop or [], pc, draft_lengths)
+
+
+def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool):
+    drafter = model.drafter
+    if drafter is None:
+        return FixedLength(0)
+    if block_size is not None or not adaptive:
+        return FixedLength(max(0, (block_size or drafter.block_size) - 1))
+    from .calibrate import AdaptiveLength, calibrated_curve
+
+    return AdaptiveLength(calibrated_curve(model, drafter.block_size), drafter.block_size - 1)
 
 
 def _stream(model, tokenizer, ids, max_tokens, sampler, stop, pc, lengths) -> Iterator[GenerationResponse]:

@@ -104,3 +104,23 @@ def test_max_tokens_eos_and_stop(target_dir):
     pieces = list(mlx_spec.stream_generate(fresh, tok2, prompt, max_tokens=40, stop=[stop, "never-there"], block_size=6))
     text = "".join(p.text for p in pieces)
     assert pieces[-1].finish_reason == "stop" and text == full[: full.find(stop)]
+
+
+def test_penalties_under_speculation(target_dir):
+    """Logits processors see each verify row's own history, exactly as in plain decoding."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    model, tok = mlx_spec.load(str(target_dir), drafter=None)
+    plain_model, plain_tok = mlx_lm.load(str(target_dir))
+    prompt = "Hello, how are you"
+    procs = make_logits_processors(repetition_penalty=1.5, repetition_context_size=20, frequency_penalty=0.7,
+                                   frequency_context_size=20)
+    ref = [r.token for r in mlx_lm.stream_generate(plain_model, plain_tok, prompt, max_tokens=40,
+                                                    logits_processors=procs)][:40]
+    unpenalized = plain(target_dir, prompt, 40)
+    assert ref != unpenalized[: len(ref)]
+    ids = tok.encode(prompt)
+    for err in (0.0, 0.3):
+        model.drafter = factory.OracleDrafter(ids + ref, 6, err, seed=4)
+        got, _ = spec(model, tok, prompt, 40, block_size=6, repetition_penalty=1.5, frequency_penalty=0.7)
+        assert got == ref[: len(got)] and len(got) >= len(ref) - 1

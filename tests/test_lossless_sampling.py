@@ -45,7 +45,8 @@ def sample_runs(model, tok, params, runs, mode):
     for seed in range(runs):
         p = SamplingParams(**{**params.__dict__, "seed": seed})
         toks = []
-        for r in mlx_spec.stream_generate(model, tok, PROMPT, N_TOKENS, sampling=p, prompt_cache=cache):
+        for r in mlx_spec.stream_generate(model, tok, PROMPT, N_TOKENS, sampling=p, prompt_cache=cache,
+                                            block_size=3):
             toks += r.tokens
         counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
     return counts
@@ -115,5 +116,5 @@ def test_distribution_is_mlx_lm_sampler(flat_target):
 def test_seed_reproducible(flat_target):
     model, tok = mlx_spec.load(str(flat_target), drafter=None)
     model.drafter = factory.SelfDrafter(model.model, block_size=4)
-    runs = [mlx_spec.generate(model, tok, PROMPT, 20, temperature=0.9, seed=11) for _ in range(2)]
+    runs = [mlx_spec.generate(model, tok, PROMPT, 20, temperature=0.9, seed=11, block_size=4) for _ in range(2)]
     assert runs[0] == runs[1]

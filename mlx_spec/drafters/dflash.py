@@ -114,24 +114,33 @@ class DFlashAttention(nn.Module):
         k = self.rope(self.k_norm(self._heads(self.k_proj(ctx), self.n_kv_heads)), offset=offset)
         return k, self._heads(self.v_proj(ctx), self.n_kv_heads)
 
-    def __call__(self, x, ctx_kv, start: int, window: int | None, causal: bool):
+    def __call__(self, x, ctx_kv, start, window: int | None, causal: bool, ctx_mask=None):
+        """x: [n, L, H] blocks starting at `start` (int, or [n] array when training many blocks).
+
+        ctx_kv: context keys/values for batch 1 (shared by all blocks); ctx_mask: optional
+        [n, 1, 1, S] visibility of context rows per block (training: rows before each anchor).
+        """
+        n, L, _ = x.shape
         q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
         k = self.rope(self.k_norm(self._heads(self.k_proj(x), self.n_kv_heads)), offset=start)
         v = self._heads(self.v_proj(x), self.n_kv_heads)
         ck, cv = ctx_kv
+        n_ctx = 0
         if ck is not None:
             if window is not None:
                 ck, cv = ck[:, :, -(window - 1):], cv[:, :, -(window - 1):]
             n_ctx = ck.shape[2]
+            if ck.shape[0] != n:
+                ck, cv = (mx.broadcast_to(a, (n,) + a.shape[1:]) for a in (ck, cv))
             k, v = mx.concatenate([ck, k], axis=2), mx.concatenate([cv, v], axis=2)
-        else:
-            n_ctx = 0
         mask = None
-        if causal:
-            L = x.shape[1]
-            mask = mx.arange(n_ctx + L)[None] <= (n_ctx + mx.arange(L))[:, None]
+        if causal or ctx_mask is not None:
+            block = mx.arange(L)[None] <= mx.arange(L)[:, None] if causal else mx.ones((L, L), mx.bool_)
+            ctx = ctx_mask if ctx_mask is not None else mx.ones((1, 1, 1, n_ctx), mx.bool_)
+            mask = mx.concatenate([mx.broadcast_to(ctx, (ctx.shape[0], 1, L, n_ctx)),
+                                   mx.broadcast_to(block, (ctx.shape[0], 1, L, L))], axis=-1)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(x.shape[0], x.shape[1], -1))
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(n, L, -1))
 
 
 class DFlashLayer(nn.Module):
@@ -142,8 +151,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x, ctx_kv, start, window, causal):
-        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, start, window, causal)
+    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None):
+        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, start, window, causal, ctx_mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 

@@ -10,17 +10,18 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3
 
 from . import corpus
+from .checkpoint import load_checkpoint, save_checkpoint
 from .tokenizer import ENDOFTEXT, IM_END, render_chat, save_tokenizer, train_tokenizer
 
 
@@ -115,25 +116,6 @@ def evaluate(model: nn.Module, val: np.ndarray, cfg: TargetTrainConfig) -> tuple
     return loss, sum(s[1].item() for s in stats) / len(stats)
 
 
-def save_checkpoint(path: Path, model, optimizer, step: int, cfg: TargetTrainConfig) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(tmp / "weights.safetensors"), dict(tree_flatten(model.parameters())))
-    mx.save_safetensors(str(tmp / "optimizer.safetensors"), dict(tree_flatten(optimizer.state)))
-    (tmp / "state.json").write_text(json.dumps({"step": step, "config": _jsonable(asdict(cfg))}, indent=2))
-    if path.exists():
-        for f in path.iterdir():
-            f.unlink()
-        path.rmdir()
-    tmp.rename(path)
-
-
-def load_checkpoint(path: Path, model, optimizer) -> int:
-    model.load_weights(str(path / "weights.safetensors"))
-    optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
-    return json.loads((path / "state.json").read_text())["step"]
-
-
 def train(cfg: TargetTrainConfig, init_from: Path | None = None) -> Path:
     """Train (or resume) and export the model; returns the exported folder."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
@@ -217,12 +199,6 @@ def export(model, cfg: TargetTrainConfig, tok_dir: Path, out: Path) -> Path:
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         shutil.copy(tok_dir / name, out / name)
     return out
-
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    return str(obj) if isinstance(obj, Path) else obj
 
 
 def quantize_copy(src: Path, dst: Path, bits: int = 8, group_size: int = 64) -> Path:

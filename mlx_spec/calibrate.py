@@ -1,0 +1,149 @@
+"""Cost curves and the draft-length controller: speculate only as far as it pays.
+
+Speed of a round with k drafts is E[tokens | k] / (t_verify(k+1) + t_draft(k)), where
+E[tokens | k] = 1 + sum_j prod_{i<=j} alpha_i and alpha_i is the chance draft i is accepted
+given the ones before it were. k = 0 is plain decoding. Where verify cost grows steeply
+with width (MLX's stock Linux CPU wheel), the controller picks short drafts or none.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+
+@dataclass
+class CostCurve:
+    verify: list[float]  # seconds for a target pass over M = 1, 2, ... tokens
+    draft: list[float]  # seconds for a drafter pass producing k = 1, 2, ... drafts (index k-1)
+
+    @property
+    def max_drafts(self) -> int:
+        return min(len(self.verify) - 1, len(self.draft))
+
+    def round_time(self, k: int) -> float:
+        return self.verify[k] + (self.draft[k - 1] if k else 0.0)
+
+    def ratios(self) -> list[float]:
+        return [t / self.verify[0] for t in self.verify]
+
+
+def expected_tokens(alphas: list[float], k: int) -> float:
+    total, survive = 1.0, 1.0
+    for a in alphas[:k]:
+        survive *= a
+        total += survive
+    return total
+
+
+def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None) -> int:
+    """The draft length with the highest expected tokens per second (0 = plain decoding)."""
+    top = min(curve.max_drafts, len(alphas), max_k if max_k is not None else 1 << 30)
+    return max(range(top + 1), key=lambda k: (expected_tokens(alphas, k) / curve.round_time(k), -k))
+
+
+class AdaptiveLength:
+    """Chooses k each round from the cost curve and running acceptance estimates.
+
+    alpha_i is an exponential moving average over rounds that reached position i. While
+    speculation is off, one probe round every `probe_every` keeps the estimates honest.
+    """
+
+    def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.5, smoothing: float = 0.15,
+                 probe_every: int = 32):
+        self.curve, self.max_k = curve, min(max_k, curve.max_drafts)
+        self.alphas = [prior] * self.max_k
+        self.smoothing, self.probe_every = smoothing, probe_every
+        self.rounds_off = 0
+        self.last = 0
+
+    def next(self) -> int:
+        k = best_length(self.curve, self.alphas, self.max_k)
+        if k == 0:
+            self.rounds_off += 1
+            if self.rounds_off >= self.probe_every and self.max_k:
+                self.rounds_off, k = 0, 1
+        self.last = k
+        return k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        s = self.smoothing
+        for i in range(min(drafted, accepted + 1)):  # positions that were actually judged
+            hit = 1.0 if i < accepted else 0.0
+            self.alphas[i] = (1 - s) * self.alphas[i] + s * hit
+
+
+# ----------------------------------------------------------------------------- measuring
+
+
+def _timed(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - tic)
+    return statistics.median(times)
+
+
+def measure_curve(model, max_width: int, context: int = 256, repeats: int = 5) -> CostCurve:
+    """Time the target over M = 1..max_width new tokens after `context` cached ones, and the drafter."""
+    from .engine.cache import PromptCache, trim
+    from .engine.sampling import Sampler, SamplingParams
+
+    vocab = int(model.config.get("vocab_size", 1000))
+    ids = [(i * 7919) % vocab for i in range(context)]
+    pc = PromptCache(model.model, model.drafter)
+    logits, hidden = model.target(mx.array([ids]), pc.target)
+    if model.drafter is not None:
+        model.drafter.observe(pc.drafter, hidden, ids)
+    mx.eval(logits)
+
+    def verify(m):
+        def run():
+            out, h = model.target(mx.array([ids[:m]]), pc.target)
+            mx.eval(out, h) if h is not None else mx.eval(out)
+            trim(pc.target, m)
+        return run
+
+    curve = CostCurve([_timed(verify(m), repeats) for m in range(1, max_width + 1)], [])
+    if model.drafter is not None:
+        greedy = Sampler(SamplingParams(), vocab)
+        for k in range(1, max_width):
+            propose = lambda: mx.eval(model.drafter.propose(pc.drafter, ids[-1], k, greedy).tokens)  # noqa: E731
+            curve.draft.append(_timed(propose, repeats))
+    return curve
+
+
+def curve_key(model) -> str:
+    from mlx.utils import tree_flatten
+
+    dtype = tree_flatten(model.model.parameters())[0][1].dtype
+    parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
+             str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", "")]
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MLX_SPEC_CACHE", Path.home() / ".cache" / "mlx-spec"))
+
+
+def calibrated_curve(model, max_width: int, refresh: bool = False) -> CostCurve:
+    """The cost curve for this model on this machine, measured once and cached."""
+    path = cache_dir() / "curves" / f"{curve_key(model)}.json"
+    if path.exists() and not refresh:
+        curve = CostCurve(**json.loads(path.read_text()))
+        if len(curve.verify) >= max_width:
+            return curve
+    curve = measure_curve(model, max_width)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(curve)))
+    return curve

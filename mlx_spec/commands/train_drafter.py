@@ -1,0 +1,65 @@
+"""`mlx-spec train-drafter`: the target answers prompts, then a DFlash drafter learns to predict it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def add_arguments(p) -> None:
+    from ..train.drafter import DrafterTrainConfig
+    from ..train.data import DataConfig
+
+    d, dd = DrafterTrainConfig(), DataConfig()
+    p.add_argument("--model", default=None, help="target folder or repo id (default: embedded model)")
+    p.add_argument("--prompts", type=Path, default=None, help="JSONL of chats/prompts or a text file (default: built-in set)")
+    p.add_argument("--out", type=Path, default=d.out)
+    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--layers", type=int, default=d.num_layers)
+    p.add_argument("--taps", default=None, help="comma-separated target layer ids (default: spread over depth)")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--sequences-per-step", type=int, default=d.sequences_per_step)
+    p.add_argument("--anchors", type=int, default=d.anchors_per_sequence, help="blocks per sequence per step")
+    p.add_argument("--max-tokens", type=int, default=dd.max_tokens, help="answer length when generating data")
+    p.add_argument("--data-temp", type=float, default=dd.temperature, help="temperature of the target's answers")
+    p.add_argument("--eval-every", type=int, default=d.eval_every)
+    p.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for τ")
+    p.add_argument("--seed", type=int, default=d.seed)
+
+
+def run(args) -> int:
+    from rich.progress import Progress
+
+    from ..loading import Loaded, load
+    from ..train.data import DataConfig, builtin_prompts, generate_data, read_prompts
+    from ..train.drafter import DrafterTrainConfig, train_drafter
+    from ..train.evaluate import measure, table
+
+    model, tok = load(args.model, drafter=None)
+    prompts = read_prompts(args.prompts or builtin_prompts())
+    held_out = set(range(0, len(prompts), max(1, len(prompts) // max(1, args.eval_prompts)))) if args.eval_prompts else set()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with Progress() as bar:
+        task = bar.add_task("target answers", total=len(prompts))
+        records = generate_data(model.model, tok, prompts, args.out / "data.jsonl",
+                                DataConfig(max_tokens=args.max_tokens, temperature=args.data_temp, seed=args.seed),
+                                progress=lambda done, total: bar.update(task, completed=done))
+    train = [r for r in records if r["id"] not in held_out]
+    evals = [prompts[i] for i in sorted(held_out)]
+
+    def evaluate(drafter):
+        pair = Loaded(model.target, drafter, model.target_path, None, model.config)
+        return round(measure(pair, tok, evals, max_tokens=64)["all"].tau, 3)
+
+    cfg = DrafterTrainConfig(
+        out=args.out, block_size=args.block_size, num_layers=args.layers,
+        target_layer_ids=[int(x) for x in args.taps.split(",")] if args.taps else None, steps=args.steps,
+        lr=args.lr, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
+        eval_every=args.eval_every, seed=args.seed,
+    )
+    path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None)
+    print(f"drafter written to {path}")
+    if evals:
+        final, _ = load(str(model.target_path), drafter=str(path))
+        print(table(measure(final, tok, evals, max_tokens=128)))
+    return 0

@@ -1,0 +1,40 @@
+"""Acceptance length τ measured with the real verify loop, per content kind and per block position."""
+
+from __future__ import annotations
+
+from ..generate import SpecStats, stream_generate
+
+
+def merge(a: SpecStats, b: SpecStats) -> SpecStats:
+    out = SpecStats(a.rounds + b.rounds, a.drafted + b.drafted, a.accepted + b.accepted)
+    n = max(len(a.drafted_per_position), len(b.drafted_per_position))
+    pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
+    out.drafted_per_position = [x + y for x, y in zip(pad(a.drafted_per_position), pad(b.drafted_per_position))]
+    out.accepted_per_position = [x + y for x, y in zip(pad(a.accepted_per_position), pad(b.accepted_per_position))]
+    return out
+
+
+def measure(model, tokenizer, prompts: list[dict], max_tokens: int = 128, block_size: int | None = None,
+            progress=None) -> dict[str, SpecStats]:
+    """Greedy τ pooled over prompts, keyed by prompt kind, plus "all"."""
+    by_kind: dict[str, SpecStats] = {}
+    for i, p in enumerate(prompts):
+        last = None
+        for last in stream_generate(model, tokenizer, p["messages"], max_tokens, block_size=block_size):
+            pass
+        kind = p.get("kind", "text")
+        by_kind[kind] = merge(by_kind.get(kind, SpecStats()), last.spec)
+        if progress:
+            progress(i + 1, len(prompts))
+    total = SpecStats()
+    for s in by_kind.values():
+        total = merge(total, s)
+    return {**by_kind, "all": total}
+
+
+def table(results: dict[str, SpecStats]) -> str:
+    lines = [f"{'kind':<8} {'rounds':>6} {'τ':>6}  acceptance by position"]
+    for kind, s in results.items():
+        rates = " ".join(f"{r:.2f}" for r in s.acceptance_rates)
+        lines.append(f"{kind:<8} {s.rounds:>6} {s.tau:>6.2f}  {rates}")
+    return "\n".join(lines)

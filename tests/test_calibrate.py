@@ -1,0 +1,67 @@
+"""Calibration: the chosen draft length maximises expected speed; the controller adapts."""
+
+import pytest
+
+import mlx_spec
+from mlx_spec.calibrate import AdaptiveLength, CostCurve, best_length, calibrated_curve, expected_tokens
+
+FLAT = CostCurve(verify=[1.0, 1.02, 1.05, 1.07, 1.1, 1.15, 1.2, 1.25, 1.3], draft=[0.05] * 8)  # Apple-like
+STEEP = CostCurve(verify=[1.0 * m for m in range(1, 10)], draft=[0.1 * (k + 1) for k in range(8)])  # stock CPU BLAS
+
+
+def test_expected_tokens():
+    assert expected_tokens([1.0] * 4, 4) == 5
+    assert expected_tokens([0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([0.9], 0) == 1
+
+
+def brute_force(curve, alphas):
+    speeds = [expected_tokens(alphas, k) / curve.round_time(k) for k in range(len(alphas) + 1)]
+    return speeds.index(max(speeds))
+
+
+@pytest.mark.parametrize("curve", [FLAT, STEEP], ids=["flat", "steep"])
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.6, 0.9, 0.99])
+def test_best_length_maximises_speed(curve, alpha):
+    alphas = [alpha] * 8
+    assert best_length(curve, alphas) == brute_force(curve, alphas)
+
+
+def test_flat_curve_speculates_far_steep_curve_stays_plain():
+    assert best_length(FLAT, [0.9] * 8) == 8
+    assert best_length(STEEP, [0.9] * 8) == 0  # a k-token verify costs k plain steps: never pays
+    mild = CostCurve(verify=[1.0, 1.3, 1.9, 2.6, 3.4, 4.3, 5.2, 6.1, 7.0], draft=[0.05] * 8)
+    assert best_length(mild, [0.9] * 8) in (1, 2)
+
+
+def test_controller_turns_off_on_rejection_and_probes_back():
+    c = AdaptiveLength(FLAT, max_k=8, prior=0.9, probe_every=5)
+    assert c.next() == 8
+    for _ in range(40):  # every draft rejected
+        c.update(c.next(), 0)
+    ks = [c.next() for _ in range(10)]
+    assert ks.count(0) >= 8 and 1 in ks  # off, with periodic probes
+    for _ in range(200):  # acceptance comes back: the probes see it and it ramps up
+        k = c.next()
+        c.update(k, k)
+    assert c.next() == 8
+
+
+def test_controller_on_steep_curve_never_speculates():
+    c = AdaptiveLength(STEEP, max_k=8, prior=0.95, probe_every=10 ** 9)
+    for _ in range(20):
+        k = c.next()
+        assert k == 0
+        c.update(k, k)
+
+
+def test_calibrated_curve_is_measured_and_cached(target_dir, drafter_dir, monkeypatch, tmp_path):
+    monkeypatch.setenv("MLX_SPEC_CACHE", str(tmp_path))
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    curve = calibrated_curve(model, 4)
+    assert len(curve.verify) == 4 and len(curve.draft) == 3 and all(t > 0 for t in curve.verify + curve.draft)
+    assert list((tmp_path / "curves").glob("*.json"))
+    again = calibrated_curve(model, 4)
+    assert again == curve  # read from the cache, not re-measured
+    out = list(mlx_spec.stream_generate(model, tok, "def add(a, b):", 20))  # adaptive by default
+    assert out[-1].generation_tokens == 20

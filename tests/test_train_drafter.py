@@ -1,0 +1,91 @@
+"""The drafter trainer: it learns, resumes, and writes drafters the loader accepts."""
+
+import json
+
+import mlx.core as mx
+import mlx.optimizers as optim
+import pytest
+from mlx.utils import tree_flatten
+
+import factory
+import mlx_spec
+from mlx_spec.loading import Loaded
+from mlx_spec.train.checkpoint import load_checkpoint, save_checkpoint
+from mlx_spec.train.data import DataConfig, generate_data, read_prompts
+from mlx_spec.train.drafter import DrafterTrainConfig, new_drafter, train_drafter
+from mlx_spec.train.evaluate import measure
+
+PROMPTS = [{"messages": [{"role": "user", "content": t}], "kind": k} for t, k in [
+    ("def add(a, b):", "code"), ("Hello, how are you", "chat"), ("for i in range(10):", "code"),
+    ("The quick brown fox", "chat"), ("import os", "code"), ("class Stack:", "code"),
+    ("I am fine, thanks", "chat"), ("print(os.path.join", "code")]]
+
+
+@pytest.fixture(scope="module")
+def shallow(models_dir, tokenizer_dir):
+    # One layer: the target's next token depends mostly on recent tokens, which a short run can learn.
+    path = factory.make_target(models_dir / "shallow", tokenizer_dir, "qwen3", layers=2, seed=5, scale=6.0)
+    model, tok = mlx_spec.load(str(path), drafter=None)
+    return model, tok
+
+
+def test_trainer_learns(tmp_path, shallow):
+    model, tok = shallow
+    records = generate_data(model.model, tok, PROMPTS, tmp_path / "data.jsonl", DataConfig(max_tokens=48))
+    cfg = DrafterTrainConfig(out=tmp_path / "run", block_size=4, steps=250, lr=3e-3, warmup=20,
+                             target_layer_ids=[0, 1], sequences_per_step=4, anchors_per_sequence=16, checkpoint_every=1000)
+    untrained = new_drafter(model.target, model.config, tok, cfg)
+    model.target.set_taps(untrained.tap_ids)
+    before = measure(Loaded(model.target, untrained, model.target_path, None, model.config), tok, PROMPTS, 32)["all"].tau
+    path = train_drafter(model.target, model.config, tok, records, cfg, log=lambda *_: None)
+    trained, _ = mlx_spec.load(str(model.target_path), drafter=str(path))
+    after = measure(trained, tok, PROMPTS, 32)["all"].tau
+    assert after > before + 0.5, (before, after)
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["loss"] < log[0]["loss"] * 0.7
+
+
+def test_data_generation_resumes(tmp_path, shallow):
+    model, tok = shallow
+    out = tmp_path / "data.jsonl"
+    first = generate_data(model.model, tok, PROMPTS[:3], out, DataConfig(max_tokens=8, batch_size=2))
+    kept = out.read_text()
+    with out.open("a") as fh:
+        fh.write('{"id": 3, "tok')  # an interrupted write
+    calls = []
+    everything = generate_data(model.model, tok, PROMPTS, out, DataConfig(max_tokens=8, batch_size=2),
+                               progress=lambda done, total: calls.append(done))
+    assert out.read_text().startswith(kept)
+    assert [r["id"] for r in everything] == list(range(len(PROMPTS)))
+    assert everything[:3] == first and calls == [5, 7, 8]  # only the 5 missing prompts were generated
+    assert all(json.loads(line) for line in out.read_text().splitlines())
+
+
+def test_checkpoint_round_trip(tmp_path, shallow):
+    model, tok = shallow
+    cfg = DrafterTrainConfig(out=tmp_path, target_layer_ids=[0, 1])
+    a = new_drafter(model.target, model.config, tok, cfg)
+    opt = optim.AdamW(learning_rate=1e-3)
+    opt.init(a.trainable_parameters())
+    save_checkpoint(tmp_path / "ckpt", a, opt, 42, cfg)
+    mx.random.seed(99)
+    b = new_drafter(model.target, model.config, tok, cfg)
+    opt_b = optim.AdamW(learning_rate=1e-3)
+    assert load_checkpoint(tmp_path / "ckpt", b, opt_b) == 42
+    for (ka, va), (kb, vb) in zip(tree_flatten(a.parameters()), tree_flatten(b.parameters())):
+        assert ka == kb and mx.array_equal(va, vb).item()
+    assert set(dict(tree_flatten(opt_b.state))) == set(dict(tree_flatten(opt.state)))
+
+
+def test_prompt_files(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hi", "kind": "chat"}\n"plain"\n{"messages": [{"role": "user", "content": "x"}]}\n')
+    got = read_prompts(f)
+    assert [p["messages"][0]["content"] for p in got] == ["hi", "plain", "x"] and got[0]["kind"] == "chat"
+    t = tmp_path / "p.txt"
+    t.write_text("one\n\ntwo\n")
+    assert len(read_prompts(t)) == 2
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"nope": 1}\n')
+    with pytest.raises(mlx_spec.MlxSpecError, match="bad.jsonl:1"):
+        read_prompts(bad)
