@@ -128,3 +128,29 @@ def describe(docs: list[tuple[str, str]]) -> str:
         counts[kind][0] += 1
         counts[kind][1] += len(text)
     return json.dumps({k: {"documents": n, "characters": c} for k, (n, c) in counts.items()})
+
+
+def drafter_prompts(config: CorpusConfig, n_code: int = 2000, n_chat: int = 1000) -> list[dict]:
+    """Prompts for the embedded pair's drafter data: code requests and chat openers from the corpus."""
+    rng = random.Random(config.seed + 1)
+    py = stdlib_files(config.stdlib)
+    code = [{"kind": "code", "messages": chat[:1]} for chat in code_chats(py, config.stdlib, n_code, rng)]
+    chats = [c for c in chitchat_chats() if len(c) >= 2]
+    rng.shuffle(chats)
+    chat = [{"kind": "chat", "messages": c[:1]} for c in chats[:n_chat]]
+    prompts = code + chat
+    rng.shuffle(prompts)
+    return prompts
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the embedded drafter's training prompts as JSONL.")
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--code", type=int, default=2000)
+    parser.add_argument("--chat", type=int, default=1000)
+    args = parser.parse_args()
+    with args.out.open("w") as fh:
+        for p in drafter_prompts(CorpusConfig(), args.code, args.chat):
+            fh.write(json.dumps(p) + "\n")
