@@ -13,6 +13,7 @@ COMMANDS = {
     "serve": ("mlx_spec.app.server.cli", "OpenAI-compatible HTTP server (chat, completions, metrics)"),
     "train-drafter": ("mlx_spec.commands.train_drafter", "train a DFlash drafter on the target's own answers"),
     "eval-drafter": ("mlx_spec.commands.eval_drafter", "measure a drafter's acceptance length with the real loop"),
+    "doctor": ("mlx_spec.commands.doctor", "show the device, BLAS, versions and the measured cost curve"),
 }
 
 
@@ -25,7 +26,11 @@ def main(argv: list[str] | None = None) -> int:
     for name, (module, help_text) in COMMANDS.items():
         modules[name] = module
         sub.add_parser(name, help=help_text, description=help_text)
-    argv = sys.argv[1:] if argv is None else argv
+    if argv is None:
+        from .platform_blas import maybe_reexec
+
+        argv = sys.argv[1:]
+        maybe_reexec(argv)  # Linux: an optimized BLAS makes float32 GEMMs ~30x faster
     # Parse the command name first, then let its module declare its own options.
     known, _ = parser.parse_known_args(argv[:1] if argv and not argv[0].startswith("-") else argv)
     mod = importlib.import_module(modules[known.command])

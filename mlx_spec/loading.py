@@ -148,11 +148,12 @@ def _short(e: Exception) -> str:
 
 
 def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | None = "auto", *,
-         dtype: str | None = None, quantize: int | None = None):
+         dtype: str | None = None, quantize: int | None = None, kernels: bool = True):
     """Load a target and (optionally) its drafter: `model, tokenizer = load(target, drafter=...)`.
 
     target: local folder or Hugging Face repo id; None means the embedded default model.
     drafter: folder or repo id; "auto" finds the known drafter for this target, None decodes plainly.
+    kernels: use the custom Metal kernels where they win (on Metal only; elsewhere plain MLX runs).
     """
     from .drafters.dflash import load_dflash
     from .target import Target
@@ -160,7 +161,12 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     ref = str(target) if target is not None else str(registry_pkg.DEFAULT_TARGET)
     path = resolve(ref)
     model, tokenizer, config = load_target(path, dtype, quantize)
-    wrapped = Target(model)
+    from .kernels import KernelConfig, patch_model
+
+    config_k = KernelConfig(enabled=kernels)
+    if config_k.active:
+        patch_model(model, config_k)
+    wrapped = Target(model, kernels=config_k)
     drafter_path = find_drafter(ref, path) if drafter == "auto" else (None if drafter is None else resolve(drafter))
     draft_model = None
     if drafter_path is not None:

@@ -57,8 +57,9 @@ def decoder_layers(model: nn.Module) -> list:
 class Target:
     """Forward over M tokens returning logits and the concatenated tapped hidden states."""
 
-    def __init__(self, model: nn.Module, tap_ids: list[int] | tuple[int, ...] = ()):
+    def __init__(self, model: nn.Module, tap_ids: list[int] | tuple[int, ...] = (), kernels=None):
         self.model = model
+        self.kernels = kernels  # KernelConfig for verify-width Metal kernels; None: plain MLX
         self._sink = _Sink()
         self.set_taps(tap_ids)
 

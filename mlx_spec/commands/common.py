@@ -11,6 +11,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-draft", action="store_true", help="plain decoding, no speculation")
     p.add_argument("--block-size", type=int, default=None, help="tokens per verify round (anchor + drafts)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
+    p.add_argument("--no-kernels", action="store_true", help="never use the custom Metal kernels")
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -39,4 +40,5 @@ def sampling_from(args):
 def load_from(args):
     from ..loading import load
 
-    return load(args.model, drafter=None if args.no_draft else args.drafter, dtype=args.dtype)
+    return load(args.model, drafter=None if args.no_draft else args.drafter, dtype=args.dtype,
+                kernels=not args.no_kernels)

@@ -87,7 +87,7 @@ def speculative_rounds(target, drafter, pc: PromptCache, prompt: list[int], samp
         proposal = draft(drafter, pc, anchor, lengths.next(), sampler)
         logits, hidden = verify(target, pc, anchor, proposal)
         logits = sampler.process(pc.tokens + [anchor], proposal.tokens, logits)
-        accepted, tokens = accept(logits, proposal, sampler)
+        accepted, tokens = accept(logits, proposal, sampler, target.kernels)
         commit(drafter, pc, anchor, tokens, hidden, len(proposal))
         lengths.update(len(proposal), accepted)
         anchor = tokens[-1]

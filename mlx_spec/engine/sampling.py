@@ -14,6 +14,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_logi
 
 from ..drafters.base import Draft
 from ..errors import MlxSpecError
+from ..kernels import fused_accept
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class Sampler:
         return mx.random.uniform(shape=(n,), key=self.key())
 
 
-def accept(logits: mx.array, draft: Draft, sampler: Sampler) -> tuple[int, list[int]]:
+def accept(logits: mx.array, draft: Draft, sampler: Sampler, kernels=None) -> tuple[int, list[int]]:
     """Verify logits [k+1, V] against k drafts: (accepted count a, the a drafts + 1 bonus token).
 
     One host sync. Greedy: accept while the draft equals the target's argmax. Sampling:
@@ -107,9 +108,10 @@ def accept(logits: mx.array, draft: Draft, sampler: Sampler) -> tuple[int, list[
     deterministic drafts.
     """
     k = len(draft)
-    if sampler.greedy:
-        choice = logits.argmax(-1).astype(mx.int32)
-        ok = draft.tokens == choice[:k]
+    if sampler.greedy:  # argmax, accepted length and bonus in one pass (a Metal kernel where it pays)
+        _, a, bonus = fused_accept(logits, draft.tokens, kernels)
+        out = mx.concatenate([a[None], draft.tokens.astype(mx.int32), bonus[None]]).tolist()
+        return out[0], out[1 : 1 + out[0]] + [out[-1]]
     else:
         p = sampler.probs(logits)
         q = draft.q if draft.q is not None else _one_hot(draft.tokens, p.shape[-1])

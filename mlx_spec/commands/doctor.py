@@ -1,0 +1,77 @@
+"""`mlx-spec doctor`: what MLX runs on here, whether the BLAS is the slow one, and the cost curve."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+
+from .common import add_model_arguments
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    p.add_argument("--no-curve", action="store_true", help="skip measuring the cost curve")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def facts() -> dict:
+    import mlx.core as mx
+    import mlx_lm
+
+    from .. import __version__
+    from ..platform_blas import blas_info
+
+    blas = blas_info()
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 if hasattr(os, "sysconf") else None
+    return {
+        "mlx_spec": __version__, "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__,
+        "python": platform.python_version(), "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "device": str(mx.default_device()), "metal": bool(mx.metal.is_available()),
+        "cuda": bool(getattr(mx, "cuda", None) and mx.cuda.is_available()),
+        "memory_gib": round(mem, 1) if mem else None,
+        "blas": {"loaded": blas.loaded, "reference": blas.reference, "advice": blas.advice},
+    }
+
+
+def run(args) -> int:
+    from ..calibrate import best_length, calibrated_curve
+    from .common import load_from
+
+    info = facts()
+    if not args.no_curve:
+        model, _ = load_from(args)
+        width = args.block_size or (model.drafter.block_size if model.drafter else 8)
+        curve = calibrated_curve(model, width)
+        info["model"] = str(model.target_path)
+        info["drafter"] = str(model.drafter_path) if model.drafter_path else None
+        info["cost_curve"] = {"t1_ms": round(curve.verify[0] * 1e3, 3), "verify_ratio": [round(r, 2) for r in curve.ratios()],
+                              "draft_ms": [round(t * 1e3, 3) for t in curve.draft]}
+        if curve.draft:
+            info["chosen_length"] = {str(a): best_length(curve, [a] * curve.max_drafts) for a in (0.5, 0.7, 0.9)}
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    show(info)
+    return 0
+
+
+def show(info: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(show_header=False, box=None)
+    for key in ("mlx_spec", "mlx", "mlx_lm", "python", "os", "device", "metal", "cuda", "memory_gib"):
+        t.add_row(key, str(info[key]))
+    t.add_row("blas", info["blas"]["advice"])
+    if "cost_curve" in info:
+        c = info["cost_curve"]
+        t.add_row("model", info["model"])
+        t.add_row("drafter", str(info["drafter"]))
+        t.add_row("t(1)", f"{c['t1_ms']} ms")
+        t.add_row("t(M)/t(1), M=1…", " ".join(f"{r:.2f}" for r in c["verify_ratio"]))
+        if c["draft_ms"]:
+            t.add_row("draft ms, k=1…", " ".join(f"{x:.2f}" for x in c["draft_ms"]))
+            t.add_row("chosen draft length", ", ".join(f"α={a}: k={k}" for a, k in info["chosen_length"].items()))
+    Console(file=sys.stdout).print(t)

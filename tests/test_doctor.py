@@ -1,0 +1,41 @@
+"""`mlx-spec doctor` and the optimized-BLAS path on Linux."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlx_spec.platform_blas import OPENBLAS_CANDIDATES, blas_info
+
+HAS_OPENBLAS = sys.platform == "linux" and any(os.path.exists(p) for p in OPENBLAS_CANDIDATES)
+
+
+def doctor(*args, **env):
+    out = subprocess.run(["mlx-spec", "doctor", "--json", *args], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, **env})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_doctor_reports_platform_and_curve(target_dir, drafter_dir, tmp_path):
+    info = doctor("--model", str(target_dir), "--drafter", str(drafter_dir), MLX_SPEC_CACHE=str(tmp_path))
+    for key in ("mlx", "mlx_lm", "device", "metal", "memory_gib", "blas", "cost_curve", "chosen_length"):
+        assert key in info
+    curve = info["cost_curve"]
+    assert curve["verify_ratio"][0] == 1.0 and len(curve["verify_ratio"]) == 8 and len(curve["draft_ms"]) == 7
+    assert all(0 <= k <= 7 for k in info["chosen_length"].values())
+
+
+def test_in_process_blas_detection():
+    info = blas_info()
+    if sys.platform == "linux" and not os.environ.get("LD_PRELOAD"):
+        assert info.reference  # pytest runs MLX's bundled reference BLAS
+        assert "slow reference BLAS" in info.advice
+
+
+@pytest.mark.skipif(not HAS_OPENBLAS, reason="no OpenBLAS installed (apt-get install libopenblas0-pthread)")
+def test_cli_runs_on_optimized_blas_unless_opted_out():
+    assert doctor("--no-curve")["blas"]["reference"] is False
+    assert doctor("--no-curve", MLX_SPEC_BLAS="bundled")["blas"]["reference"] is True
