@@ -14,6 +14,7 @@ COMMANDS = {
     "train-drafter": ("mlx_spec.commands.train_drafter", "train a DFlash drafter on the target's own answers"),
     "eval-drafter": ("mlx_spec.commands.eval_drafter", "measure a drafter's acceptance length with the real loop"),
     "doctor": ("mlx_spec.commands.doctor", "show the device, BLAS, versions and the measured cost curve"),
+    "bench": ("mlx_spec.commands.bench", "plain vs speculative decoding, side by side, per kind of prompt"),
 }
 
 

@@ -39,7 +39,7 @@ class TargetTrainConfig:
     max_position_embeddings: int = 2048
     seq_len: int = 512
     batch_size: int = 8
-    steps: int = 1400
+    steps: int = 1100
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
     warmup: int = 100

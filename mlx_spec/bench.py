@@ -1,0 +1,200 @@
+"""Side-by-side benchmark: mlx-lm's plain decoding vs mlx-spec's speculative decoding, one process.
+
+Runs are interleaved (plain, spec, plain, spec, ...) after a warm-up, and reported as medians,
+so machine noise hits both sides alike. Decode speed excludes prefill; identity of the greedy
+outputs is checked on every pair.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import mlx.core as mx
+
+PROMPTS = {
+    "code": [
+        "Write a Python function that checks whether a string is a palindrome.",
+        "Write a Python class Stack with push, pop and peek methods.",
+        "Write a Python function `merge_sorted(a, b)` that merges two sorted lists.",
+    ],
+    "chat": [
+        "Hi! How was your weekend?",
+        "I just got back from a long bike ride and I'm exhausted.",
+        "What kind of music do you like?",
+    ],
+    "math": [
+        "What is 17 times 23? Explain step by step.",
+        "A train travels 60 miles per hour for 3 hours. How far does it go?",
+    ],
+}
+
+
+def long_context_prompt(tokenizer, n_tokens: int) -> list[dict]:
+    """A long document to summarise, cut to about n_tokens of context."""
+    import inspect
+
+    import mlx_spec.engine.loop as source
+
+    text = inspect.getsource(source)
+    while len(tokenizer.encode(text)) < n_tokens:
+        text += "\n" + text
+    ids = tokenizer.encode(text)[:n_tokens]
+    return [{"role": "user", "content": "Here is a module:\n\n" + tokenizer.decode(ids) + "\n\nSummarise what it does."}]
+
+
+@dataclass
+class Sample:
+    tokens: list[int]
+    ttft: float
+    decode_tps: float
+    e2e_tps: float
+    peak_gb: float
+    tau: float = 0.0
+    acceptance: list[float] = field(default_factory=list)
+
+
+def run_plain(model, tokenizer, ids: list[int], max_tokens: int) -> Sample:
+    """mlx-lm's own stream_generate on the same loaded weights: the baseline."""
+    import mlx_lm
+
+    mx.reset_peak_memory()
+    tokens, start, first = [], time.perf_counter(), None
+    for r in mlx_lm.stream_generate(model.model, tokenizer, mx.array(ids), max_tokens=max_tokens):
+        first = first or time.perf_counter()
+        tokens.append(r.token)
+        last = r
+    end = time.perf_counter()
+    if last.finish_reason == "stop":
+        tokens = tokens[:-1]  # mlx-lm repeats the EOS token in its final response
+    return _sample(tokens, start, first, end)
+
+
+def run_spec(model, tokenizer, ids: list[int], max_tokens: int, block_size: int | None) -> Sample:
+    from .generate import stream_generate
+
+    mx.reset_peak_memory()
+    tokens, start, first = [], time.perf_counter(), None
+    for r in stream_generate(model, tokenizer, ids, max_tokens, block_size=block_size):
+        first = first or time.perf_counter()
+        tokens += r.tokens
+    s = _sample(tokens, start, first, time.perf_counter())
+    s.tau, s.acceptance = r.spec.tau, r.spec.acceptance_rates
+    return s
+
+
+def _sample(tokens, start, first, end) -> Sample:
+    n = len(tokens)
+    return Sample(tokens, first - start, (n - 1) / max(end - first, 1e-9) if n > 1 else 0.0, n / (end - start),
+                  mx.get_peak_memory() / 1e9)
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    """Index of the first differing token (or of the shorter end), None when identical."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+@dataclass
+class Row:
+    kind: str
+    block: str
+    plain_decode_tps: float
+    spec_decode_tps: float
+    plain_e2e_tps: float
+    spec_e2e_tps: float
+    plain_ttft: float
+    spec_ttft: float
+    speedup: float
+    tau: float
+    acceptance: list[float]
+    peak_gb: float
+    identical: bool
+    divergences: list[int] = field(default_factory=list)
+    bound: float | None = None  # tau * t(1) / (t(k+1) + t_draft(k)) from the cost curve
+    efficiency: float | None = None
+
+
+def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, block_size: int | None,
+               repeats: int, curve=None) -> Row:
+    """Interleaved plain/spec runs over one kind of prompt; medians over prompts x repeats."""
+    from .generate import encode_prompt
+
+    plain, spec, divergences = [], [], []
+    for prompt in prompts:
+        ids = encode_prompt(tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)
+        run_plain(model, tokenizer, ids, 4)  # warm-up both paths
+        run_spec(model, tokenizer, ids, 4, block_size)
+        for _ in range(repeats):
+            a = run_plain(model, tokenizer, ids, max_tokens)
+            b = run_spec(model, tokenizer, ids, max_tokens, block_size)
+            plain.append(a)
+            spec.append(b)
+            d = first_divergence(a.tokens, b.tokens)
+            if d is not None:
+                divergences.append(d)
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    tau = med([s.tau for s in spec])
+    row = Row(
+        kind=kind, block=str(block_size or "auto"),
+        plain_decode_tps=med([s.decode_tps for s in plain]), spec_decode_tps=med([s.decode_tps for s in spec]),
+        plain_e2e_tps=med([s.e2e_tps for s in plain]), spec_e2e_tps=med([s.e2e_tps for s in spec]),
+        plain_ttft=med([s.ttft for s in plain]), spec_ttft=med([s.ttft for s in spec]), speedup=0.0, tau=tau,
+        acceptance=[med(col) for col in zip(*[s.acceptance for s in spec if s.acceptance])] if spec else [],
+        peak_gb=max(s.peak_gb for s in spec), identical=not divergences, divergences=divergences,
+    )
+    row.speedup = row.spec_decode_tps / max(row.plain_decode_tps, 1e-9)
+    if curve is not None and block_size:
+        k = min(block_size - 1, curve.max_drafts)
+        row.bound = tau * curve.verify[0] / curve.round_time(k)
+        row.efficiency = row.speedup / row.bound if row.bound else None
+    return row
+
+
+def as_json(rows: list[Row], meta: dict) -> dict:
+    return {"schema": "mlx-spec-bench/1", "meta": meta, "results": [asdict(r) for r in rows]}
+
+
+def run_mlx_lm_draft(model, tokenizer, ids, max_tokens, draft_model, num_draft: int) -> Sample:
+    """mlx-lm's own speculative mode with a small draft model, for comparison."""
+    import mlx_lm
+
+    mx.reset_peak_memory()
+    tokens, start, first = [], time.perf_counter(), None
+    for r in mlx_lm.stream_generate(model.model, tokenizer, mx.array(ids), max_tokens=max_tokens,
+                                    draft_model=draft_model, num_draft_tokens=num_draft):
+        first = first or time.perf_counter()
+        tokens.append(r.token)
+        last = r
+    end = time.perf_counter()
+    if last.finish_reason == "stop":
+        tokens = tokens[:-1]
+    return _sample(tokens, start, first, end)
+
+
+def plot(rows: list[Row], path: str) -> None:
+    """Speedup vs block size, one line per content kind."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        from .errors import MlxSpecError
+
+        raise MlxSpecError("--plot needs matplotlib: pip install matplotlib") from None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for kind in dict.fromkeys(r.kind for r in rows):
+        pts = sorted((int(r.block), r.speedup) for r in rows if r.kind == kind and r.block.isdigit())
+        if pts:
+            ax.plot(*zip(*pts), marker="o", label=kind)
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("block size (anchor + drafts)")
+    ax.set_ylabel("decode speedup vs plain")
+    ax.set_title("mlx-spec speedup by block size")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

@@ -1,0 +1,120 @@
+"""`mlx-spec bench`: plain vs speculative decoding side by side, per content kind."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from .common import add_model_arguments
+
+KINDS = ("code", "chat", "math", "long")
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    p.add_argument("--kinds", default=",".join(KINDS), help="built-in prompt kinds to run")
+    p.add_argument("--prompts", type=Path, default=None, help="JSONL of your own prompts (optional 'kind')")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="plain/spec pairs per prompt (medians reported)")
+    p.add_argument("--block-sizes", default="auto", help="'auto' (calibrated) and/or sizes, e.g. auto,2,4,8,16")
+    p.add_argument("--long-context", type=int, default=768, help="prompt tokens of the long-context kind")
+    p.add_argument("--kernels", default="on", help="'on', 'off' or 'on,off' (custom Metal kernels)")
+    p.add_argument("--vs-draft-model", default=None, help="also run mlx-lm's speculative mode with this draft model")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--plot", default=None, help="write speedup vs block size per kind to this PNG")
+
+
+def prompt_sets(args, tokenizer) -> dict[str, list]:
+    from ..bench import PROMPTS, long_context_prompt
+    from ..train.data import read_prompts
+
+    sets = {}
+    for kind in [k for k in args.kinds.split(",") if k]:
+        if kind == "long":
+            sets["long"] = [long_context_prompt(tokenizer, args.long_context)]
+        elif kind in PROMPTS:
+            sets[kind] = PROMPTS[kind]
+    if args.prompts:
+        for p in read_prompts(args.prompts):
+            sets.setdefault(p.get("kind", "user"), []).append(p["messages"])
+    return sets
+
+
+def run(args) -> int:
+    import mlx.core as mx
+
+    from ..bench import as_json, bench_kind, plot
+    from ..calibrate import calibrated_curve
+    from ..errors import MlxSpecError
+    from ..loading import load
+
+    rows, meta = [], {"mlx": mx.__version__, "device": str(mx.default_device())}
+    for kernels in args.kernels.split(","):
+        model, tok = load(args.model, drafter=args.drafter, dtype=args.dtype, kernels=kernels == "on")
+        if model.drafter is None:
+            raise MlxSpecError("nothing to compare: no drafter for this model (pass --drafter)")
+        meta.update(model=str(model.target_path), drafter=str(model.drafter_path))
+        curve = calibrated_curve(model, model.drafter.block_size)
+        meta["cost_curve"] = {"verify_ratio": [round(r, 3) for r in curve.ratios()], "t1_ms": curve.verify[0] * 1e3}
+        sizes = [None if b == "auto" else int(b) for b in args.block_sizes.split(",")]
+        for kind, prompts in prompt_sets(args, tok).items():
+            for size in sizes:
+                row = bench_kind(model, tok, kind, prompts, args.max_tokens, size, args.repeats, curve)
+                row.block += "" if args.kernels == "on" else f" kernels={kernels}"
+                rows.append(row)
+                if not args.json:
+                    print(f"{kind} block={row.block}: speedup {row.speedup:.2f}x τ {row.tau:.2f}", file=sys.stderr)
+    if args.vs_draft_model:
+        rows += draft_model_rows(args, model, tok)
+    if args.plot:
+        plot(rows, args.plot)
+    if args.json:
+        print(json.dumps(as_json(rows, meta), indent=2))
+    else:
+        show(rows, meta)
+    return 0 if all(r.identical for r in rows) else 1
+
+
+def draft_model_rows(args, model, tok):
+    import statistics
+
+    from ..bench import Row, bench_kind, run_mlx_lm_draft, run_plain
+    from ..generate import encode_prompt
+    from ..loading import load_target, resolve
+
+    draft, _, _ = load_target(resolve(args.vs_draft_model))
+    rows = []
+    for kind, prompts in prompt_sets(args, tok).items():
+        pairs = []
+        for p in prompts:
+            ids = encode_prompt(tok, [{"role": "user", "content": p}] if isinstance(p, str) else p)
+            run_mlx_lm_draft(model, tok, ids, 4, draft, 2)
+            for _ in range(args.repeats):
+                pairs.append((run_plain(model, tok, ids, args.max_tokens),
+                              run_mlx_lm_draft(model, tok, ids, args.max_tokens, draft, 2)))
+        plain = statistics.median(a.decode_tps for a, _ in pairs)
+        other = statistics.median(b.decode_tps for _, b in pairs)
+        same = all(a.tokens == b.tokens for a, b in pairs)
+        rows.append(Row(kind, "mlx-lm draft model", plain, other, 0, 0, 0, 0, other / plain, 0.0, [], 0.0, same))
+    return rows
+
+
+def show(rows, meta) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"mlx-spec bench — {meta.get('model')} ({meta.get('device')})")
+    for col in ("kind", "block", "plain tok/s", "spec tok/s", "speedup", "τ", "e2e speedup", "TTFT plain/spec ms",
+                "acceptance by position", "peak GB", "identical", "efficiency"):
+        t.add_column(col)
+    for r in rows:
+        e2e = r.spec_e2e_tps / r.plain_e2e_tps if r.plain_e2e_tps else 0
+        t.add_row(r.kind, r.block, f"{r.plain_decode_tps:.1f}", f"{r.spec_decode_tps:.1f}", f"{r.speedup:.2f}x",
+                  f"{r.tau:.2f}", f"{e2e:.2f}x", f"{r.plain_ttft * 1e3:.0f}/{r.spec_ttft * 1e3:.0f}",
+                  " ".join(f"{a:.2f}" for a in r.acceptance[:8]), f"{r.peak_gb:.3f}",
+                  "yes" if r.identical else f"NO (first at {r.divergences[0]})",
+                  f"{r.efficiency:.2f}" if r.efficiency else "")
+    Console().print(t)
+    ratios = meta.get("cost_curve", {}).get("verify_ratio", [])
+    Console().print("cost curve t(M)/t(1), M=1…: " + " ".join(f"{x:.2f}" for x in ratios))

@@ -1,0 +1,62 @@
+"""`mlx-spec bench`: its parts and its JSON; the full benchmark itself is not a unit test."""
+
+import json
+import subprocess
+
+import pytest
+
+import mlx_spec
+from mlx_spec import bench
+
+SCHEMA_KEYS = {"kind", "block", "plain_decode_tps", "spec_decode_tps", "plain_e2e_tps", "spec_e2e_tps", "plain_ttft",
+               "spec_ttft", "speedup", "tau", "acceptance", "peak_gb", "identical", "divergences", "bound", "efficiency"}
+
+
+def test_first_divergence():
+    assert bench.first_divergence([1, 2, 3], [1, 2, 3]) is None
+    assert bench.first_divergence([1, 2, 3], [1, 9, 3]) == 1
+    assert bench.first_divergence([1, 2], [1, 2, 3]) == 2
+
+
+def test_planted_divergence_is_reported(target_dir, drafter_dir, monkeypatch):
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    honest = bench.run_spec
+
+    def planted(*args, **kwargs):
+        s = honest(*args, **kwargs)
+        if len(s.tokens) > 5:
+            s.tokens[5] = (s.tokens[5] + 1) % 300
+        return s
+
+    row = bench.bench_kind(model, tok, "code", ["def add(a, b):"], 12, 4, repeats=1)
+    assert row.identical and not row.divergences
+    monkeypatch.setattr(bench, "run_spec", planted)
+    row = bench.bench_kind(model, tok, "code", ["def add(a, b):"], 12, 4, repeats=2)
+    assert not row.identical and row.divergences == [5, 5]
+
+
+def test_cli_json(target_dir, drafter_dir, tmp_path):
+    out = subprocess.run(["mlx-spec", "bench", "--model", str(target_dir), "--drafter", str(drafter_dir),
+                          "--kinds", "code,long", "--long-context", "64", "--max-tokens", "8", "--repeats", "1",
+                          "--block-sizes", "auto,3", "--json"], capture_output=True, text=True, timeout=600,
+                         env={**__import__("os").environ, "MLX_SPEC_CACHE": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["schema"] == "mlx-spec-bench/1" and "cost_curve" in data["meta"]
+    rows = data["results"]
+    assert [(r["kind"], r["block"]) for r in rows] == [("code", "auto"), ("code", "3"), ("long", "auto"), ("long", "3")]
+    for r in rows:
+        assert set(r) == SCHEMA_KEYS and r["identical"] and r["plain_decode_tps"] > 0 and r["tau"] >= 1
+    assert rows[1]["bound"] is not None and rows[1]["efficiency"] is not None
+
+
+def test_plot_needs_matplotlib_or_writes_png(tmp_path):
+    row = bench.Row("code", "4", 10, 12, 9, 11, 0.1, 0.1, 1.2, 2.0, [0.5], 0.1, True)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        with pytest.raises(mlx_spec.MlxSpecError, match="pip install matplotlib"):
+            bench.plot([row], str(tmp_path / "x.png"))
+        return
+    bench.plot([row], str(tmp_path / "x.png"))
+    assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"
