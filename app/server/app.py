@@ -1,0 +1,31 @@
+"""The FastAPI application: middleware, error handlers, routes, and the scheduler's lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from . import errors, security
+from .config import ServerConfig
+from .routes import router
+from .state import ServerState
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    state = ServerState.build(config)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.scheduler.start()  # loads the model on the worker thread; /health says 503 until then
+        yield
+        state.scheduler.close()
+        await asyncio.to_thread(state.scheduler.stop)
+
+    app = FastAPI(title="mlx-spec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None,
+                  middleware=security.middleware(config))
+    app.state.server = state
+    errors.install(app)
+    app.include_router(router)
+    return app

@@ -1,0 +1,63 @@
+"""The model and everything that runs it. MLX is not thread-safe: only the scheduler's worker thread calls in here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx_spec
+
+from .config import ModelConfig
+from .prefix_cache import PrefixCachePool
+from .sequence import Sequence
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the HTTP side needs to validate requests; fixed once the model is loaded."""
+
+    id: str
+    context_length: int
+    vocab_size: int
+    speculative: bool
+    block_size: int | None
+
+
+class Backend:
+    def __init__(self, cfg: ModelConfig, prefix_cache_size: int):
+        self.cfg, self.prefix_cache_size = cfg, prefix_cache_size
+        self.model = self.tokenizer = self.pool = self.info = None
+
+    def load(self) -> None:
+        self.model, self.tokenizer = mlx_spec.load(self.cfg.target, drafter=self.cfg.drafter, dtype=self.cfg.dtype)
+        self.pool = PrefixCachePool(lambda: mlx_spec.make_prompt_cache(self.model), self.prefix_cache_size)
+        drafter = self.model.drafter
+        vocab = int(self.model.config.get("vocab_size") or self.model.config.get("text_config", {}).get("vocab_size"))
+        self.info = ModelInfo(
+            id=self.cfg.served_name or model_id(self.cfg.target), context_length=self.model.context_length,
+            vocab_size=vocab, speculative=drafter is not None,
+            block_size=(self.cfg.block_size or drafter.block_size) if drafter is not None else None)
+
+    def start(self, seq: Sequence) -> None:
+        """Give the request a cache (sharing its prefix when one is idle) and its round generator."""
+        job = seq.job
+        seq.cache = self.pool.acquire(job.ids)
+        seq.gen = mlx_spec.stream_generate(
+            self.model, self.tokenizer, job.ids, job.max_tokens, sampling=job.sampling, stop=job.stop,
+            prompt_cache=seq.cache, block_size=self.cfg.block_size)
+
+    def stop(self, seq: Sequence, reusable: bool) -> None:
+        """Close the generator and return the cache; a cache left mid-round by an error is dropped."""
+        if seq.gen is not None:
+            seq.gen.close()
+        if seq.cache is not None and reusable:
+            self.pool.release(seq.cache)
+        seq.gen = seq.cache = None
+
+
+def model_id(target: str | None) -> str:
+    """A short public name: a repo id as given, a local folder by its name (never the full path)."""
+    if target is None:
+        return "mlx-spec-default"
+    path = Path(target).expanduser()
+    return path.name if path.exists() else str(target)

@@ -1,0 +1,57 @@
+"""`mlx-spec serve`: an OpenAI-compatible server for editors, agents and chat front ends."""
+
+from __future__ import annotations
+
+import os
+
+from mlx_spec import MlxSpecError
+from mlx_spec.commands.common import add_model_arguments, add_sampling_arguments, sampling_from
+
+from .config import Defaults, ModelConfig, ServerConfig
+
+
+def add_arguments(p) -> None:
+    add_model_arguments(p)
+    add_sampling_arguments(p)  # here: defaults for requests that leave a field out
+    p.set_defaults(max_tokens=None)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs --api-key)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", default=os.environ.get("MLX_SPEC_API_KEY"),
+                   help="require this key as Bearer token or X-Api-Key (default: $MLX_SPEC_API_KEY)")
+    p.add_argument("--served-model-name", default=None, help="model id to report (default: the model folder name)")
+    p.add_argument("--allowed-host", action="append", default=[], help="extra allowed Host header (repeatable)")
+    p.add_argument("--cors-origin", action="append", default=[], help="extra allowed CORS origin (repeatable)")
+    p.add_argument("--max-active", type=int, default=8, help="requests generating at once")
+    p.add_argument("--max-queue", type=int, default=64, help="requests waiting for a slot before 429")
+    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request")
+    p.add_argument("--prefix-cache-size", type=int, default=4, help="idle conversation caches kept for reuse")
+    p.add_argument("--max-body-mb", type=float, default=4.0)
+    p.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get on shutdown")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def config_from(args) -> ServerConfig:
+    model = ModelConfig(target=args.model, drafter=None if args.no_draft else args.drafter,
+                        block_size=args.block_size, dtype=args.dtype, served_name=args.served_model_name)
+    defaults = Defaults(sampling_from(args), args.max_tokens, tuple(args.stop))
+    return ServerConfig(
+        model=model, defaults=defaults, host=args.host, port=args.port, api_key=args.api_key or None,
+        allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors_origin), max_active=args.max_active,
+        max_queue=args.max_queue, request_timeout=args.request_timeout, prefix_cache_size=args.prefix_cache_size,
+        max_body_bytes=int(args.max_body_mb * (1 << 20)), shutdown_timeout=args.shutdown_timeout,
+        log_level=args.log_level)
+
+
+def run(args) -> int:
+    cfg = config_from(args)  # refuses a non-loopback address without a key, before anything loads
+    from .app import create_app
+    from .serve import make_server
+
+    app = create_app(cfg)
+    make_server(app, cfg).run()
+    error = app.state.server.scheduler.load_error
+    if isinstance(error, MlxSpecError):
+        raise error
+    if error is not None:
+        raise MlxSpecError(f"cannot load the model: {type(error).__name__}: {error}")
+    return 0

@@ -1,0 +1,85 @@
+"""Request prompts to token ids: chat messages through the model's chat template, or raw completions.
+
+Chat templates run in transformers' ImmutableSandboxedEnvironment (no attribute escapes,
+no file or code access), so a template shipped with a model cannot reach the host.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import jinja2
+
+from mlx_spec.generate import encode_prompt
+
+from .backend import ModelInfo
+from .errors import invalid
+from .schemas import Message
+
+
+class PromptBuilder:
+    """Tokenizes on the HTTP side, one call at a time (HF tokenizers are not safe to re-enter)."""
+
+    def __init__(self, tokenizer, info: ModelInfo):
+        self.tokenizer, self.info = tokenizer, info
+        self._lock = threading.Lock()
+
+    def chat(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
+        if not messages:
+            raise invalid("messages must not be empty", "messages")
+        if not getattr(self.tokenizer, "has_chat_template", False):
+            raise invalid("this model has no chat template; use /v1/completions", "messages")
+        chat = [_plain(m) for m in messages]
+        with self._lock:
+            try:
+                text = self.tokenizer.apply_chat_template(chat, tools=tools, add_generation_prompt=True, tokenize=False)
+            except jinja2.TemplateError as e:  # includes the sandbox's SecurityError and raise_exception()
+                raise invalid(f"the chat template rejected these messages: {e}", "messages") from None
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+                raise invalid(f"cannot render the chat template: {type(e).__name__}: {e}", "messages") from None
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def completion(self, prompt) -> list[int]:
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            if len(prompt) != 1:
+                raise invalid("only one prompt per request is supported", "prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list):
+            bad = next((t for t in prompt if not 0 <= t < self.info.vocab_size), None)
+            if bad is not None:
+                raise invalid(f"token id {bad} is outside the vocabulary [0, {self.info.vocab_size})", "prompt")
+            return list(prompt)
+        with self._lock:
+            return encode_prompt(self.tokenizer, prompt)
+
+
+def _plain(m: Message) -> dict:
+    """The dict a chat template expects: string content, arguments as objects, 'developer' as 'system'."""
+    out = {"role": "system" if m.role == "developer" else m.role, "content": _text(m.content)}
+    for key in ("name", "tool_call_id", "reasoning_content"):
+        if getattr(m, key) is not None:
+            out[key] = getattr(m, key)
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.function.name, "arguments": _args(c.function.arguments)}}
+                             for c in m.tool_calls]
+    return out
+
+
+def _text(content) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "\n".join(part.text for part in content)
+
+
+def _args(arguments):
+    # Templates render arguments with `| tojson`; a JSON string would come out double-encoded.
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except ValueError:
+            return arguments
+    return arguments

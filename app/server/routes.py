@@ -1,0 +1,115 @@
+"""The endpoints. Each path also answers without the /v1 prefix, as clients configured either way expect."""
+
+from __future__ import annotations
+
+import json
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
+
+from . import params
+from .errors import invalid
+from .handle import Handle
+from .responses import ChatFormat, CompletionFormat, Format
+from .schemas import ChatRequest, CompletionRequest
+from .state import ServerState
+from .streaming import collect, sse
+from .tools import ToolCallFilter
+
+router = APIRouter()
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.server
+
+
+@router.get("/health")
+async def health(request: Request):
+    st = _state(request)
+    status = st.status
+    body = {"status": status}
+    if status == "error":
+        body["error"] = str(st.scheduler.load_error)
+    return JSONResponse(body, status_code=200 if status == "ok" else 503,
+                        headers=None if status == "ok" else {"Retry-After": str(st.config.retry_after)})
+
+
+@router.get("/v1/models")
+@router.get("/models")
+async def models(request: Request):
+    st = _state(request)
+    st.require_ready()
+    card = {"id": st.info.id, "object": "model", "created": 0, "owned_by": "mlx-spec",
+            "context_length": st.info.context_length, "speculative": st.info.speculative}
+    return {"object": "list", "data": [card]}
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    return PlainTextResponse(_state(request).metrics.render(), media_type="text/plain; version=0.0.4")
+
+
+@router.post("/v1/chat/completions")
+@router.post("/chat/completions")
+async def chat_completions(request: Request):
+    st = _state(request)
+    st.require_ready()
+    req = await parse(request, ChatRequest)
+    params.check_chat(req, st.config)
+    use_tools = bool(req.tools) and req.tool_choice != "none"
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if use_tools else None
+    ids = await run_in_threadpool(st.prompts.chat, req.messages, tools)
+    job = params.chat_job(req, ids, st.info, st.config.defaults, st.config)
+    fmt = ChatFormat(st.info.id, include_usage=_include_usage(req))
+    return await respond(request, st, job, fmt, ToolCallFilter.for_request(st.tokenizer, tools, req.tool_choice),
+                         req.stream)
+
+
+@router.post("/v1/completions")
+@router.post("/completions")
+async def completions(request: Request):
+    st = _state(request)
+    st.require_ready()
+    req = await parse(request, CompletionRequest)
+    params.check_completion(req)
+    ids = await run_in_threadpool(st.prompts.completion, req.prompt)
+    job = params.completion_job(req, ids, st.info, st.config.defaults, st.config)
+    fmt = CompletionFormat(st.info.id, include_usage=_include_usage(req))
+    return await respond(request, st, job, fmt, None, req.stream)
+
+
+async def respond(request: Request, st: ServerState, job, fmt: Format, tools, stream: bool) -> Response:
+    handle = Handle(st.scheduler, job, st.config.request_timeout, request.receive)
+    if stream:
+        return StreamingResponse(sse(handle, fmt, tools, st.config.keepalive_interval), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    body = await collect(handle, fmt, tools)
+    return JSONResponse(body) if body is not None else Response(status_code=499)
+
+
+async def parse(request: Request, model: type[BaseModel]):
+    raw = await request.body()
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        raise invalid("the request body is not valid JSON") from None
+    if not isinstance(data, dict):
+        raise invalid("the request body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"]) or None
+        raise invalid(f"{loc or 'body'}: {first['msg']}", loc) from None
+    except RecursionError:
+        raise invalid("the request body is nested too deeply") from None
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _include_usage(req) -> bool:
+    return bool(req.stream and req.stream_options is not None and req.stream_options.include_usage)

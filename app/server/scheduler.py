@@ -1,0 +1,176 @@
+"""One worker thread owns the model; requests wait in a bounded queue, then share it round by round.
+
+Each `step()` admits waiting requests into free slots, advances every active request by
+one verify round, and retires the finished ones. Requests join and leave between rounds.
+Today a step runs one round per request in turn; batched verification replaces
+`_advance_all` with one verify pass over every active request's block.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+
+from mlx_spec import MlxSpecError
+
+from .backend import Backend
+from .errors import APIError
+from .metrics import Metrics
+from .sequence import Sequence
+
+log = logging.getLogger("mlx_spec.server")
+
+
+class Scheduler:
+    def __init__(self, backend: Backend, metrics: Metrics, max_active: int, max_queue: int, retry_after: int):
+        self.backend, self.metrics = backend, metrics
+        self.max_active, self.max_queue, self.retry_after = max_active, max_queue, retry_after
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self.closed = False  # no new requests (shutting down)
+        self.ready = threading.Event()
+        self.load_error: Exception | None = None
+
+    # -- called from the HTTP side --------------------------------------------------------------
+
+    def submit(self, seq: Sequence) -> None:
+        with self._lock:
+            if self.closed:
+                raise APIError(503, "the server is shutting down", code="shutting_down",
+                               headers={"Retry-After": str(self.retry_after)})
+            if len(self.waiting) >= self.max_queue + self.max_active - len(self.running):
+                raise APIError(429, f"the server is busy: {len(self.running)} requests running, "
+                               f"{len(self.waiting)} waiting", code="queue_full",
+                               headers={"Retry-After": str(self.retry_after)})
+            self.waiting.append(seq)
+            self._lock.notify()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mlx-spec-worker", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel whatever is left and end the worker thread."""
+        with self._lock:
+            self.closed = self._stopping = True
+            self._lock.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    # -- the worker thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        if self._load():
+            self._serve()
+
+    def _load(self) -> bool:
+        try:
+            self.backend.load()
+            self.metrics.model = self.backend.info.id
+            return True
+        except Exception as e:  # reported by /health and the CLI
+            self.load_error = e
+            log.error("cannot load the model: %s", e)
+            return False
+        finally:
+            self.ready.set()
+
+    def _serve(self) -> None:
+        while self._wait_for_work():
+            try:
+                self.step()
+            except Exception as e:  # a bug must not wedge the server: fail the active requests, keep serving
+                log.exception("scheduler step failed")
+                with self._lock:
+                    failed, self.running = self.running, []
+                self._abandon(failed, e)
+        with self._lock:
+            left, self.running, self.waiting = [*self.running, *self.waiting], [], deque()
+        self._abandon(left, APIError(503, "the server shut down", code="shutting_down"))
+
+    def _wait_for_work(self) -> bool:
+        with self._lock:
+            while not (self.waiting or self.running or self._stopping):
+                self._lock.wait()
+            return not self._stopping
+
+    def step(self) -> None:
+        self._admit()
+        self._advance_all()
+        self._retire()
+        self.metrics.set_load(len(self.running), len(self.waiting))
+
+    def _admit(self) -> None:
+        with self._lock:
+            for seq in [s for s in self.waiting if s.cancelled or self._expired(s)]:
+                self.waiting.remove(seq)
+            while self.waiting and len(self.running) < self.max_active:
+                seq = self.waiting.popleft()
+                seq.started = time.monotonic()
+                self.running.append(seq)
+        for seq in self.running:
+            if seq.gen is None and not seq.finished:
+                self._start(seq)
+
+    def _start(self, seq: Sequence) -> None:
+        try:
+            self.backend.start(seq)
+        except Exception as e:
+            log.exception("cannot start a request")
+            seq.finish("error", e)
+
+    def _advance_all(self) -> None:
+        for seq in self.running:
+            if seq.finished:
+                continue
+            if seq.cancelled:
+                seq.finish("abort")
+            elif time.monotonic() > seq.deadline:
+                seq.finish("length", timed_out=True)  # like llama.cpp's t_max_predict_ms: a limit, not a failure
+            else:
+                self._advance(seq)
+
+    def _advance(self, seq: Sequence) -> None:
+        try:
+            seq.on_round(next(seq.gen))
+        except MlxSpecError as e:
+            seq.finish("error", APIError(400, str(e)))
+        except Exception as e:
+            log.exception("generation failed")
+            seq.finish("error", e)
+
+    def _retire(self) -> None:
+        done = [s for s in self.running if s.finished]
+        if not done:
+            return
+        with self._lock:
+            self.running = [s for s in self.running if not s.finished]
+        for seq in done:
+            self.backend.stop(seq, reusable=seq.finish_reason != "error")
+            self.metrics.record(seq)
+
+    def _expired(self, seq: Sequence) -> bool:
+        """A request still waiting at its deadline gets 503: nothing was generated, so a retry is cheap."""
+        if time.monotonic() <= seq.deadline:
+            return False
+        seq.finish("error", APIError(503, "timed out waiting for a free slot", code="queue_timeout",
+                                     headers={"Retry-After": str(self.retry_after)}))
+        return True
+
+    def _abandon(self, seqs: list[Sequence], error: Exception) -> None:
+        for seq in seqs:
+            if not seq.finished:
+                seq.finish("error", error)
+            try:
+                self.backend.stop(seq, reusable=False)
+            except Exception:
+                log.exception("cannot release a request")

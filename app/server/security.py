@@ -1,0 +1,117 @@
+"""Request gates, outermost first: Host allowlist, CORS, API key, header and body size.
+
+Host allowlist: a web page on a rebound DNS name (Ollama CVE-2024-28224) reaches a loopback
+server with a foreign Host header; we refuse those. CORS: localhost origins only, no credentials.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+
+from .config import ServerConfig, is_loopback
+from .errors import APIError, error_response
+
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+LOCAL_ORIGINS = r"^https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?$"
+OPEN_PATHS = ("/health",)
+
+
+def middleware(cfg: ServerConfig) -> list[Middleware]:
+    allowed = None
+    if is_loopback(cfg.host) or cfg.allowed_hosts:
+        allowed = {*LOOPBACK_NAMES, *(h.lower() for h in cfg.allowed_hosts), cfg.host.strip("[]").lower()}
+    return [
+        Middleware(HostCheck, allowed=allowed),
+        Middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_origin_regex=LOCAL_ORIGINS,
+                   allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], allow_credentials=False),
+        Middleware(ApiKeyCheck, key=cfg.api_key),
+        Middleware(SizeLimits, body=cfg.max_body_bytes, headers=cfg.max_header_bytes),
+    ]
+
+
+def header(scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", ()):
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+def hostname(host: str) -> str:
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+
+
+class HostCheck:
+    def __init__(self, app, allowed: set[str] | None):
+        self.app, self.allowed = app, allowed
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.allowed is not None:
+            host = header(scope, b"host")
+            if host is not None and hostname(host) not in self.allowed:
+                response = error_response(403, f"Host {host[:100]!r} is not allowed (see --allowed-host)",
+                                          code="host_not_allowed")
+                return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+class ApiKeyCheck:
+    """Bearer token or X-Api-Key, compared in constant time. /health and CORS preflights need none."""
+
+    def __init__(self, app, key: str | None):
+        self.app, self.key = app, key.encode() if key else None
+
+    async def __call__(self, scope, receive, send):
+        if (self.key is not None and scope["type"] == "http" and scope["method"] != "OPTIONS"
+                and scope["path"] not in OPEN_PATHS and not self._ok(scope)):
+            response = error_response(401, "missing or invalid API key", code="invalid_api_key",
+                                      headers={"WWW-Authenticate": "Bearer"})
+            return await response(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _ok(self, scope) -> bool:
+        given = header(scope, b"x-api-key")
+        auth = header(scope, b"authorization")
+        if auth is not None and auth[:7].lower() == "bearer ":
+            given = auth[7:].strip()
+        return given is not None and hmac.compare_digest(given.encode("latin-1"), self.key)
+
+
+class SizeLimits:
+    """400 for oversized headers; 413 for a body over the limit, by Content-Length or counted as it arrives.
+
+    h11 bounds only headers that arrive in pieces; this bounds what arrives in one read too.
+    """
+
+    def __init__(self, app, body: int, headers: int):
+        self.app, self.body, self.headers = app, body, headers
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        if sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > self.headers:
+            return await error_response(400, f"request headers are larger than {self.headers} bytes",
+                                        code="headers_too_large")(scope, receive, send)
+        length = header(scope, b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.body):
+            e = self._error()
+            return await error_response(e.status, e.message, code=e.code)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.body:
+                raise self._error()
+            return message
+
+        await self.app(scope, counted, send)
+
+    def _error(self) -> APIError:
+        return APIError(413, f"request body is larger than {self.body} bytes", code="request_too_large")
