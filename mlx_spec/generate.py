@@ -9,7 +9,7 @@ from typing import Iterator
 import mlx.core as mx
 
 from .engine.cache import PromptCache
-from .engine.loop import FixedLength, Round, speculative_rounds
+from .engine.loop import DecodeState, FixedLength, Round, prefill, step
 from .engine.sampling import Sampler, SamplingParams
 from .errors import ContextOverflowError, MlxSpecError
 from .loading import Loaded
@@ -86,17 +86,11 @@ def make_prompt_cache(model: Loaded) -> PromptCache:
     return PromptCache(model.target.model, model.drafter)
 
 
-def stream_generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
+def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
                     sampling: SamplingParams | None = None, stop: list[str] | None = None,
                     prompt_cache: PromptCache | None = None, block_size: int | None = None,
-                    adaptive: bool = True, draft_lengths=None, **sampling_kwargs) -> Iterator[GenerationResponse]:
-    """Yield one response per verify round; the last has `finish_reason` and the run's `spec` stats.
-
-    Sampling options (temperature, top_p, top_k, min_p, penalties, seed) may be given as keywords
-    or as a `SamplingParams`. Speculation is used when `model` has a drafter: with a fixed block
-    when `block_size` is given, else with a draft length chosen each round from this machine's
-    cost curve and the observed acceptance (`adaptive=False`: always the drafter's full block).
-    """
+                    adaptive: bool = True, draft_lengths=None, **sampling_kwargs) -> "Generation":
+    """A validated, not yet started generation (see `stream_generate` for the options)."""
     if sampling_kwargs:
         if "temp" in sampling_kwargs:
             sampling_kwargs["temperature"] = sampling_kwargs.pop("temp")
@@ -114,10 +108,25 @@ def stream_generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
         raise ContextOverflowError(len(ids), max_tokens, model.context_length)
     max_tokens = min(max_tokens, model.context_length - len(ids))
     pc = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    if draft_lengths is None:
-        draft_lengths = choose_lengths(model, block_size, adaptive)
-    sampler = Sampler(sampling, vocab_size=_vocab(model))
-    yield from _stream(model, tokenizer, ids, max_tokens, sampler, stop or [], pc, draft_lengths)
+    lengths = draft_lengths if draft_lengths is not None else choose_lengths(model, block_size, adaptive)
+    return Generation(model, tokenizer, ids, max_tokens, Sampler(sampling, vocab_size=_vocab(model)), stop or [], pc,
+                      lengths)
+
+
+def stream_generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, **kwargs) -> Iterator[GenerationResponse]:
+    """Yield one response per verify round; the last has `finish_reason` and the run's `spec` stats.
+
+    Options: `sampling` (a `SamplingParams`) or its fields as keywords (temperature/temp, top_p,
+    top_k, min_p, repetition/presence/frequency penalties, seed, logit_bias); `stop` strings;
+    `prompt_cache` to reuse a conversation's prefix. Speculation is used when `model` has a
+    drafter: with a fixed block when `block_size` is given, else with a draft length chosen each
+    round from this machine's cost curve and the observed acceptance (`adaptive=False`: always
+    the drafter's full block).
+    """
+    g = make_generation(model, tokenizer, prompt, max_tokens, **kwargs)
+    yield g.start()
+    while not g.finished:
+        yield step_all(model, [g])[0]
 
 
 def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool):
@@ -131,48 +140,66 @@ def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool):
     return AdaptiveLength(calibrated_curve(model, drafter.block_size), drafter.block_size - 1)
 
 
-def _stream(model, tokenizer, ids, max_tokens, sampler, stop, pc, lengths) -> Iterator[GenerationResponse]:
-    detok = tokenizer.detokenizer
-    detok.reset()
-    stops = StopMatcher(stop)
-    eos = set(tokenizer.eos_token_ids)
-    stats, n, finish = SpecStats(), 0, None
-    tic = time.perf_counter()
-    cached = 0
-    rounds = speculative_rounds(model.target, model.drafter, pc, ids, sampler, lengths)
-    for i, r in enumerate(rounds):
-        if i == 0:
-            prefill_time = time.perf_counter() - tic
-            cached = pc.reused
-            tic = time.perf_counter()
-        else:
-            stats.add(r)
-        tokens = r.tokens[: max_tokens - n]
+class Generation:
+    """One request's generation, advanced a verify round at a time (alone or in a batch).
+
+    Turns each round into a `GenerationResponse`: cuts at EOS and max_tokens, detokenizes,
+    holds back and applies stop strings, and keeps the run's speculation stats.
+    """
+
+    def __init__(self, model: Loaded, tokenizer, ids: list[int], max_tokens: int, sampler: Sampler,
+                 stop: list[str], pc: PromptCache, lengths):
+        self.model, self.ids, self.max_tokens = model, ids, max_tokens
+        self.state = DecodeState(pc, sampler, lengths)
+        self.detok = tokenizer.detokenizer
+        self.detok.reset()
+        self.stops = StopMatcher(stop)
+        self.eos = set(tokenizer.eos_token_ids)
+        self.stats, self.n, self.finish = SpecStats(), 0, None
+        self.prefill_time, self.cached, self.tic = 0.0, 0, time.perf_counter()
+
+    @property
+    def finished(self) -> bool:
+        return self.finish is not None
+
+    def start(self) -> GenerationResponse:
+        first = prefill(self.model.target, self.model.drafter, self.state, self.ids)
+        self.prefill_time, self.cached = time.perf_counter() - self.tic, self.state.pc.reused
+        self.tic = time.perf_counter()
+        return self.emit(first, count=False)
+
+    def emit(self, r: Round, count: bool = True) -> GenerationResponse:
+        if count:
+            self.stats.add(r)
+        tokens = r.tokens[: self.max_tokens - self.n]
         for j, t in enumerate(tokens):
-            if t in eos:
-                tokens, finish = tokens[:j], "stop"
+            if t in self.eos:
+                tokens, self.finish = tokens[:j], "stop"
                 break
         for t in tokens:
-            detok.add_token(t)
-        n += len(tokens)
-        if finish is None and n >= max_tokens:
-            finish = "length"
-        if finish is not None:
-            detok.finalize()
-        text, hit = stops.feed(detok.text, final=finish is not None)
+            self.detok.add_token(t)
+        self.n += len(tokens)
+        if self.finish is None and self.n >= self.max_tokens:
+            self.finish = "length"
+        if self.finish is not None:
+            self.detok.finalize()
+        text, hit = self.stops.feed(self.detok.text, final=self.finished)
         if hit:
-            finish = "stop"
-        elapsed = max(time.perf_counter() - tic, 1e-9)
-        yield GenerationResponse(
-            text=text, token=tokens[-1] if tokens else None, tokens=tokens,
-            prompt_tokens=len(ids), prompt_tps=(len(ids) - cached) / max(prefill_time, 1e-9),
-            generation_tokens=n, generation_tps=(n - 1) / elapsed if n > 1 else 0.0,
-            peak_memory=mx.get_peak_memory() / 1e9, finish_reason=finish,
-            accepted=r.accepted, drafted=r.drafted, cached_tokens=cached,
-            time_to_first_token=prefill_time, spec=stats if finish else None,
+            self.finish = "stop"
+        elapsed = max(time.perf_counter() - self.tic, 1e-9)
+        return GenerationResponse(
+            text=text, token=tokens[-1] if tokens else None, tokens=tokens, prompt_tokens=len(self.ids),
+            prompt_tps=(len(self.ids) - self.cached) / max(self.prefill_time, 1e-9), generation_tokens=self.n,
+            generation_tps=(self.n - 1) / elapsed if self.n > 1 else 0.0, peak_memory=mx.get_peak_memory() / 1e9,
+            finish_reason=self.finish, accepted=r.accepted, drafted=r.drafted, cached_tokens=self.cached,
+            time_to_first_token=self.prefill_time, spec=self.stats if self.finished else None,
         )
-        if finish is not None:
-            return
+
+
+def step_all(model: Loaded, generations: list[Generation]) -> list[GenerationResponse]:
+    """One verify round for several started, unfinished generations: their blocks share one target pass."""
+    rounds = step(model.target, model.drafter, [g.state for g in generations])
+    return [g.emit(r) for g, r in zip(generations, rounds)]
 
 
 def _vocab(model: Loaded) -> int:

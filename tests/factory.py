@@ -133,8 +133,12 @@ class SelfDrafter:
 
     tap_ids = ()
 
-    def __init__(self, model, block_size: int = 4, distort: float = 0.6, mode: str = "sampled"):
+    def __init__(self, model, block_size: int = 4, distort: float = 0.6, mode: str = "sampled",
+                 error_rate: float = 0.0, seed: int = 0):
+        import random
+
         self.model, self.block_size, self.distort, self.mode = model, block_size, distort, mode
+        self.error_rate, self.rng = error_rate, random.Random(seed)
 
     class State(OracleDrafter.State):
         def __init__(self):
@@ -160,7 +164,7 @@ class SelfDrafter:
             logits = self.model(mx.array([seq]))[0, -1:].astype(mx.float32) * self.distort
             q = sampling.probs(logits)
             t = q.argmax(-1) if self.mode.startswith("argmax") else sampling.draw(q)
-            toks.append(t.item())
+            toks.append(t.item() if self.rng.random() >= self.error_rate else self.rng.randrange(q.shape[-1]))
             qs.append(q)
             seq.append(toks[-1])
         q = None if self.mode == "argmax-onehot" else mx.concatenate(qs, axis=0)

@@ -39,17 +39,21 @@ class Backend:
             block_size=(self.cfg.block_size or drafter.block_size) if drafter is not None else None)
 
     def start(self, seq: Sequence) -> None:
-        """Give the request a cache (sharing its prefix when one is idle) and its round generator."""
+        """Give the request a cache (sharing its prefix when one is idle), prefill it, deliver its first token."""
         job = seq.job
         seq.cache = self.pool.acquire(job.ids)
-        seq.gen = mlx_spec.stream_generate(
+        seq.gen = mlx_spec.make_generation(
             self.model, self.tokenizer, job.ids, job.max_tokens, sampling=job.sampling, stop=job.stop,
             prompt_cache=seq.cache, block_size=self.cfg.block_size)
+        seq.on_round(seq.gen.start())
+
+    def step(self, seqs: list[Sequence]) -> None:
+        """One verify round for every active request: their blocks share one batched target pass."""
+        for seq, response in zip(seqs, mlx_spec.step_all(self.model, [s.gen for s in seqs])):
+            seq.on_round(response)
 
     def stop(self, seq: Sequence, reusable: bool) -> None:
-        """Close the generator and return the cache; a cache left mid-round by an error is dropped."""
-        if seq.gen is not None:
-            seq.gen.close()
+        """Return the cache; a cache left mid-round by an error is dropped."""
         if seq.cache is not None and reusable:
             self.pool.release(seq.cache)
         seq.gen = seq.cache = None

@@ -1,9 +1,8 @@
 """One worker thread owns the model; requests wait in a bounded queue, then share it round by round.
 
-Each `step()` admits waiting requests into free slots, advances every active request by
-one verify round, and retires the finished ones. Requests join and leave between rounds.
-Today a step runs one round per request in turn; batched verification replaces
-`_advance_all` with one verify pass over every active request's block.
+Each `step()` admits waiting requests into free slots (prefilling them), advances every
+active request by one verify round — all their blocks in one batched target pass — and
+retires the finished ones. Requests join and leave between rounds.
 """
 
 from __future__ import annotations
@@ -124,11 +123,14 @@ class Scheduler:
     def _start(self, seq: Sequence) -> None:
         try:
             self.backend.start(seq)
+        except MlxSpecError as e:
+            seq.finish("error", APIError(400, str(e)))
         except Exception as e:
             log.exception("cannot start a request")
             seq.finish("error", e)
 
     def _advance_all(self) -> None:
+        live = []
         for seq in self.running:
             if seq.finished:
                 continue
@@ -137,16 +139,20 @@ class Scheduler:
             elif time.monotonic() > seq.deadline:
                 seq.finish("length", timed_out=True)  # like llama.cpp's t_max_predict_ms: a limit, not a failure
             else:
-                self._advance(seq)
+                live.append(seq)
+        if live:
+            self._advance(live)
 
-    def _advance(self, seq: Sequence) -> None:
+    def _advance(self, seqs: list[Sequence]) -> None:
         try:
-            seq.on_round(next(seq.gen))
+            self.backend.step(seqs)
         except MlxSpecError as e:
-            seq.finish("error", APIError(400, str(e)))
+            for seq in seqs:
+                seq.finish("error", APIError(400, str(e)))
         except Exception as e:
             log.exception("generation failed")
-            seq.finish("error", e)
+            for seq in seqs:
+                seq.finish("error", e)
 
     def _retire(self) -> None:
         done = [s for s in self.running if s.finished]

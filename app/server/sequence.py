@@ -42,7 +42,7 @@ class Sequence:
         self.deadline = self.submitted + timeout
         self.started: float | None = None
         self.first_token: float | None = None
-        self.gen = None  # the library's per-round generator, set on admission
+        self.gen = None  # the library's Generation, set on admission
         self.cache = None
         self.stats = SpecStats()
         self.rounds = 0

@@ -1,4 +1,5 @@
-"""The speculative loop: draft -> verify -> accept -> commit. One loop serves every drafter.
+"""The speculative loop: draft -> verify -> accept -> commit. One loop serves every drafter,
+and one request or many (their blocks are verified together in one target pass).
 
 Positions: the anchor (last committed token, not yet in the target cache) sits at
 position P = len(cache). The target verifies [anchor, d1..dk] at P..P+k; row i predicts
@@ -9,11 +10,12 @@ rest, and the bonus token becomes the next anchor.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Protocol
+from typing import Protocol
 
 import mlx.core as mx
 
 from ..drafters.base import Draft
+from .batch import batch_caches, can_batch
 from .cache import PromptCache, eval_state, trim
 from .sampling import Sampler, accept
 
@@ -42,10 +44,20 @@ class FixedLength:
         pass
 
 
-def prefill(target, drafter, pc: PromptCache, prompt: list[int], sampler: Sampler, chunk: int = 512) -> int:
-    """Run the uncached part of the prompt through the target; returns the first new token."""
-    start = pc.reuse(prompt)
-    rest = prompt[start:]
+@dataclass
+class DecodeState:
+    """One request inside the loop."""
+
+    pc: PromptCache
+    sampler: Sampler
+    lengths: DraftLength
+    anchor: int = -1
+
+
+def prefill(target, drafter, s: DecodeState, prompt: list[int], chunk: int = 512) -> Round:
+    """Run the uncached part of the prompt through the target; its first token is the first anchor."""
+    pc = s.pc
+    rest = prompt[pc.reuse(prompt):]
     for i in range(0, len(rest), chunk):
         piece = rest[i : i + chunk]
         logits, hidden = target(mx.array([piece]), pc.target)
@@ -53,42 +65,53 @@ def prefill(target, drafter, pc: PromptCache, prompt: list[int], sampler: Sample
             drafter.observe(pc.drafter, hidden, piece)
         eval_state(pc)
     pc.tokens += rest
-    last = sampler.process(pc.tokens, [], logits[0, -1:])
-    token = last.argmax(-1) if sampler.greedy else sampler.draw(sampler.probs(last))
-    return token.item()
+    last = s.sampler.process(pc.tokens, [], logits[0, -1:])
+    s.anchor = (last.argmax(-1) if s.sampler.greedy else s.sampler.draw(s.sampler.probs(last))).item()
+    return Round([s.anchor], 0, 0)
 
 
-def draft(drafter, pc: PromptCache, anchor: int, k: int, sampler: Sampler) -> Draft:
+def step(target, drafter, states: list[DecodeState]) -> list[Round]:
+    """One verify round for every request."""
+    proposals = [draft(drafter, s) for s in states]
+    logits, hidden, width = verify(target, states, proposals)
+    rounds = []
+    for i, (s, p) in enumerate(zip(states, proposals)):
+        rows = s.sampler.process(s.pc.tokens + [s.anchor], p.tokens, logits[i, : len(p) + 1])
+        accepted, tokens = accept(rows, p, s.sampler, target.kernels)
+        commit(drafter, s, tokens, None if hidden is None else hidden[i : i + 1], width)
+        s.lengths.update(len(p), accepted)
+        rounds.append(Round(tokens, len(p), accepted))
+    return rounds
+
+
+def draft(drafter, s: DecodeState) -> Draft:
+    k = s.lengths.next()
     if drafter is None or k == 0:
         return Draft(mx.zeros((0,), mx.int32))
-    return drafter.propose(pc.drafter, anchor, k, sampler)
+    return drafter.propose(s.pc.drafter, s.anchor, k, s.sampler)
 
 
-def verify(target, pc: PromptCache, anchor: int, proposal: Draft) -> tuple[mx.array, mx.array | None]:
-    tokens = mx.concatenate([mx.array([anchor], mx.int32), proposal.tokens])
-    logits, hidden = target(tokens[None], pc.target)
-    return logits[0], hidden
+def verify(target, states: list[DecodeState], proposals: list[Draft]):
+    """[anchor, drafts] of every request, right-padded to one width, through the target once."""
+    width = max(len(p) for p in proposals) + 1
+    blocks = [mx.concatenate([mx.array([s.anchor], mx.int32), p.tokens, mx.zeros((width - 1 - len(p),), mx.int32)])
+              for s, p in zip(states, proposals)]
+    caches = [s.pc.target for s in states]
+    if len(states) == 1:
+        logits, hidden = target(blocks[0][None], caches[0])
+    elif can_batch(caches):
+        logits, hidden = target(mx.stack(blocks), batch_caches(caches))
+    else:  # caches that cannot be viewed as a batch: verify one request at a time
+        outs = [target(b[None], c) for b, c in zip(blocks, caches)]
+        logits = mx.concatenate([o[0] for o in outs])
+        hidden = None if outs[0][1] is None else mx.concatenate([o[1] for o in outs])
+    return logits, hidden, width
 
 
-def commit(drafter, pc: PromptCache, anchor: int, tokens: list[int], hidden, drafted: int) -> None:
+def commit(drafter, s: DecodeState, tokens: list[int], hidden, width: int) -> None:
     keep = len(tokens)  # the anchor plus the accepted drafts (the bonus is the next anchor)
-    trim(pc.target, drafted + 1 - keep)
-    pc.tokens += [anchor] + tokens[:-1]
+    trim(s.pc.target, width - keep)
+    s.pc.tokens += [s.anchor] + tokens[:-1]
     if drafter is not None:
-        drafter.observe(pc.drafter, None if hidden is None else hidden[:, :keep], pc.tokens[-keep:])
-
-
-def speculative_rounds(target, drafter, pc: PromptCache, prompt: list[int], sampler: Sampler,
-                       lengths: DraftLength) -> Iterator[Round]:
-    """Yields the first token as a round of its own, then one Round per verify pass, forever."""
-    anchor = prefill(target, drafter, pc, prompt, sampler)
-    yield Round([anchor], 0, 0)
-    while True:
-        proposal = draft(drafter, pc, anchor, lengths.next(), sampler)
-        logits, hidden = verify(target, pc, anchor, proposal)
-        logits = sampler.process(pc.tokens + [anchor], proposal.tokens, logits)
-        accepted, tokens = accept(logits, proposal, sampler, target.kernels)
-        commit(drafter, pc, anchor, tokens, hidden, len(proposal))
-        lengths.update(len(proposal), accepted)
-        anchor = tokens[-1]
-        yield Round(tokens, len(proposal), accepted)
+        drafter.observe(s.pc.drafter, None if hidden is None else hidden[:, :keep], s.pc.tokens[-keep:])
+    s.anchor = tokens[-1]
