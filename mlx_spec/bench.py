@@ -55,13 +55,13 @@ class Sample:
     acceptance: list[float] = field(default_factory=list)
 
 
-def run_plain(model, tokenizer, ids: list[int], max_tokens: int) -> Sample:
-    """mlx-lm's own stream_generate on the same loaded weights: the baseline."""
+def run_plain(model, tokenizer, ids: list[int], max_tokens: int, **mlx_lm_kwargs) -> Sample:
+    """mlx-lm's own stream_generate on the same loaded weights: the baseline (or its draft-model mode)."""
     import mlx_lm
 
     mx.reset_peak_memory()
     tokens, start, first = [], time.perf_counter(), None
-    for r in mlx_lm.stream_generate(model.model, tokenizer, mx.array(ids), max_tokens=max_tokens):
+    for r in mlx_lm.stream_generate(model.model, tokenizer, mx.array(ids), max_tokens=max_tokens, **mlx_lm_kwargs):
         first = first or time.perf_counter()
         tokens.append(r.token)
         last = r
@@ -160,19 +160,7 @@ def as_json(rows: list[Row], meta: dict) -> dict:
 
 def run_mlx_lm_draft(model, tokenizer, ids, max_tokens, draft_model, num_draft: int) -> Sample:
     """mlx-lm's own speculative mode with a small draft model, for comparison."""
-    import mlx_lm
-
-    mx.reset_peak_memory()
-    tokens, start, first = [], time.perf_counter(), None
-    for r in mlx_lm.stream_generate(model.model, tokenizer, mx.array(ids), max_tokens=max_tokens,
-                                    draft_model=draft_model, num_draft_tokens=num_draft):
-        first = first or time.perf_counter()
-        tokens.append(r.token)
-        last = r
-    end = time.perf_counter()
-    if last.finish_reason == "stop":
-        tokens = tokens[:-1]
-    return _sample(tokens, start, first, end)
+    return run_plain(model, tokenizer, ids, max_tokens, draft_model=draft_model, num_draft_tokens=num_draft)
 
 
 def plot(rows: list[Row], path: str) -> None:

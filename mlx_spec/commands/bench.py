@@ -79,7 +79,7 @@ def run(args) -> int:
 def draft_model_rows(args, model, tok):
     import statistics
 
-    from ..bench import Row, bench_kind, run_mlx_lm_draft, run_plain
+    from ..bench import Row, run_mlx_lm_draft, run_plain
     from ..generate import encode_prompt
     from ..loading import load_target, resolve
 
