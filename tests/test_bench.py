@@ -60,3 +60,11 @@ def test_plot_needs_matplotlib_or_writes_png(tmp_path):
         return
     bench.plot([row], str(tmp_path / "x.png"))
     assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_mlx_lm_draft_model_mode_runs_side_by_side(target_dir, drafter_dir):
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    ids = tok.encode("def add(a, b):")
+    plain = bench.run_plain(model, tok, ids, 16)
+    other = bench.run_mlx_lm_draft(model, tok, ids, 16, draft_model=model.model, num_draft=2)
+    assert other.tokens == plain.tokens and other.decode_tps > 0
