@@ -1,0 +1,77 @@
+"""The loaded pair as the chat uses it: draft on/off, one prompt cache per mode, plain-speed baseline.
+
+The methods that run or change the model (reply, set_drafting, measure_baseline, forget_caches)
+are called on the chat's worker thread only.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from mlx_spec.errors import MlxSpecError
+from mlx_spec.generate import GenerationResponse, make_prompt_cache, stream_generate
+
+from .settings import Settings
+
+BASELINE_PROMPT = "def main():\n"  # plain text, so a chat model does not end its reply at once
+
+
+class Session:
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        self.drafter = model.drafter  # kept aside while drafting is off
+        self.caches: dict[bool, object] = {}  # speculative? -> PromptCache (a cache is tied to its drafter)
+        self.baseline_tps: float | None = None  # measured plain decoding speed, tokens/s
+
+    @property
+    def speculative(self) -> bool:
+        return self.model.drafter is not None
+
+    def set_drafting(self, on: bool) -> None:
+        if on and self.drafter is None:
+            raise MlxSpecError("no drafter is loaded (start with --drafter PATH)")
+        self.model.drafter = self.drafter if on else None
+        # Plain decoding should not pay for the hidden-state taps the drafter reads.
+        self.model.target.set_taps(self.drafter.tap_ids if on else ())
+
+    def check_block_size(self, n: int | None) -> None:
+        top = self.drafter.block_size if self.drafter is not None else None
+        if n is not None and top is not None and n > top:
+            raise MlxSpecError(f"block_size is at most {top} for this drafter")
+
+    def block_size(self, settings: Settings) -> int | None:
+        if not self.speculative:
+            return None
+        return settings.block_size or self.drafter.block_size
+
+    def reply(self, messages: list[dict], settings: Settings) -> Iterator[GenerationResponse]:
+        cache = self.caches.get(self.speculative)
+        if cache is None:
+            cache = self.caches[self.speculative] = make_prompt_cache(self.model)
+        return stream_generate(self.model, self.tokenizer, messages, settings.max_tokens, sampling=settings.sampling,
+                               stop=list(settings.stop), prompt_cache=cache, block_size=self.block_size(settings))
+
+    def forget_caches(self) -> None:
+        """After a failure mid-round a cache may be half-updated; the next turn prefills afresh."""
+        self.caches.clear()
+
+    def measure_baseline(self, tokens: int) -> float | None:
+        """Plain decoding speed on a short prompt, for the speedup estimate; None if too few tokens came."""
+        was = self.speculative
+        if was:
+            self.set_drafting(False)
+        try:
+            last = None
+            for last in stream_generate(self.model, self.tokenizer, BASELINE_PROMPT, tokens):
+                pass
+        finally:
+            if was:
+                self.set_drafting(True)
+        if last is not None and last.generation_tokens >= min(8, tokens):
+            self.baseline_tps = last.generation_tps
+        return self.baseline_tps
+
+    def note_plain_run(self, tokens: int, tps: float) -> None:
+        """A plain-decoding reply is the freshest baseline there is."""
+        if tokens >= 8 and tps > 0:
+            self.baseline_tps = tps
