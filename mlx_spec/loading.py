@@ -148,29 +148,32 @@ def _short(e: Exception) -> str:
 
 
 def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | None = "auto", *,
-         dtype: str | None = None, quantize: int | None = None, kernels: bool = True):
-    """Load a target and (optionally) its drafter: `model, tokenizer = load(target, drafter=...)`.
+         mode: str = "auto", dtype: str | None = None, quantize: int | None = None, kernels: bool = True):
+    """Load a target and its drafter: `model, tokenizer = load(target, drafter=...)`.
 
     target: local folder or Hugging Face repo id; None means the embedded default model.
-    drafter: folder or repo id; "auto" finds the known drafter for this target, None decodes plainly.
+    drafter: folder or repo id; "auto" finds the known drafter for this target; None decodes plainly.
+    mode: auto (the drafter's kind is read from its checkpoint; with no known drafter, prompt
+        lookup), dflash, dspark, lookup, draft-model (any small LM sharing the tokenizer), off.
     kernels: use the custom Metal kernels where they win (on Metal only; elsewhere plain MLX runs).
     """
-    from .drafters.dflash import load_dflash
+    from .drafters import load_drafter
+    from .kernels import KernelConfig, patch_model
     from .target import Target
 
     ref = str(target) if target is not None else str(registry_pkg.DEFAULT_TARGET)
     path = resolve(ref)
     model, tokenizer, config = load_target(path, dtype, quantize)
-    from .kernels import KernelConfig, patch_model
-
     config_k = KernelConfig(enabled=kernels)
     if config_k.active:
         patch_model(model, config_k)
     wrapped = Target(model, kernels=config_k)
-    drafter_path = find_drafter(ref, path) if drafter == "auto" else (None if drafter is None else resolve(drafter))
-    draft_model = None
-    if drafter_path is not None:
-        draft_model = load_dflash(drafter_path, wrapped, config)
+    mode = "off" if drafter is None else mode
+    drafter_path = None
+    if mode not in ("off", "lookup"):
+        drafter_path = find_drafter(ref, path) if drafter == "auto" else resolve(drafter)
+    draft_model = load_drafter(mode, drafter_path, wrapped, config)
+    if draft_model is not None and draft_model.tap_ids:
         wrapped.check_taps(tokenizer.encode("def main():\n    return 0\n")[:16] or [0, 1])
         wrapped.set_taps(draft_model.tap_ids)
     return Loaded(wrapped, draft_model, path, drafter_path, config), tokenizer

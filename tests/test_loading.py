@@ -141,8 +141,8 @@ def test_other_checkpoint_kinds_are_refused(tmp_path, target_dir, drafter_dir):
         {**json.loads((d / "config.json").read_text()), "architectures": ["Qwen3DSparkModel"]})))
     with pytest.raises(DrafterMismatchError, match="is a DSpark drafter"):
         mlx_spec.load(str(target_dir), drafter=str(dspark))
-    with pytest.raises(DrafterMismatchError, match="is a plain language model"):
-        mlx_spec.load(str(target_dir), drafter=str(target_dir))
+    with pytest.raises(DrafterMismatchError, match="is a plain language model .a draft model., not what --mode dflash expects"):
+        mlx_spec.load(str(target_dir), drafter=str(target_dir), mode="dflash")
 
 
 def test_cli_error_is_one_line(tmp_path):

@@ -51,7 +51,7 @@ def run(args) -> int:
 
     rows, meta = [], {"mlx": mx.__version__, "device": str(mx.default_device())}
     for kernels in args.kernels.split(","):
-        model, tok = load(args.model, drafter=args.drafter, dtype=args.dtype, kernels=kernels == "on")
+        model, tok = load(args.model, drafter=args.drafter, mode=args.mode, dtype=args.dtype, kernels=kernels == "on")
         if model.drafter is None:
             raise MlxSpecError("nothing to compare: no drafter for this model (pass --drafter)")
         meta.update(model=str(model.target_path), drafter=str(model.drafter_path))

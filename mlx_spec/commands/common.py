@@ -8,7 +8,9 @@ import argparse
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="target: local folder or Hugging Face repo id (default: embedded model)")
     p.add_argument("--drafter", default="auto", help="drafter folder or repo id; 'auto' picks the known one")
-    p.add_argument("--no-draft", action="store_true", help="plain decoding, no speculation")
+    p.add_argument("--mode", default="auto", choices=["auto", "dflash", "dspark", "lookup", "draft-model", "off"],
+                   help="how to draft: auto reads the drafter's kind from its checkpoint (prompt lookup if none)")
+    p.add_argument("--no-draft", action="store_true", help="plain decoding, no speculation (same as --mode off)")
     p.add_argument("--block-size", type=int, default=None, help="tokens per verify round (anchor + drafts)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     p.add_argument("--no-kernels", action="store_true", help="never use the custom Metal kernels")
@@ -40,5 +42,5 @@ def sampling_from(args):
 def load_from(args):
     from ..loading import load
 
-    return load(args.model, drafter=None if args.no_draft else args.drafter, dtype=args.dtype,
+    return load(args.model, drafter=None if args.no_draft else args.drafter, mode=args.mode, dtype=args.dtype,
                 kernels=not args.no_kernels)

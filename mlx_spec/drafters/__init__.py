@@ -1,0 +1,62 @@
+"""Drafters: DFlash (block diffusion), prompt lookup, and a classic draft model, behind one interface."""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from ..errors import DrafterMismatchError, MlxSpecError
+
+MODES = ("auto", "dflash", "dspark", "lookup", "draft-model", "off")
+
+
+def weight_names(path: Path) -> set[str]:
+    """Tensor names from the safetensors headers, without reading the weights."""
+    names = set()
+    for f in sorted(path.glob("*.safetensors")):
+        with f.open("rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            names |= {k for k in json.loads(fh.read(n)) if k != "__metadata__"}
+    return names
+
+
+def checkpoint_kind(path: Path) -> str:
+    from ..loading import read_config
+    from .dflash import detect_kind
+
+    return detect_kind(read_config(path), weight_names(path))
+
+
+def load_drafter(mode: str, path: Path | None, target, target_config: dict, block_size: int | None = None):
+    """The drafter for `mode`; in "auto" mode a checkpoint's kind is read from its content."""
+    if mode not in MODES:
+        raise MlxSpecError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode == "off":
+        return None
+    if mode == "lookup" or (mode == "auto" and path is None):
+        from .lookup import LookupDrafter
+
+        return LookupDrafter(block_size or 8)
+    if path is None:
+        raise MlxSpecError(f"--mode {mode} needs a drafter (--drafter PATH or repo id)")
+    kind = checkpoint_kind(path)
+    wanted = {"dflash": "dflash", "dspark": "dspark", "draft-model": "lm"}.get(mode, kind)
+    if kind != wanted:
+        what = {"lm": "a plain language model (a draft model)", "dflash": "a DFlash drafter", "dspark": "a DSpark drafter",
+                "dflash2": "a DFlash 2 drafter"}.get(kind, "not a known drafter checkpoint")
+        raise DrafterMismatchError(f"{path} is {what}, not what --mode {mode} expects")
+    if kind == "lm":
+        return _draft_model(path, target_config, block_size)
+    from .dflash import load_dflash
+
+    return load_dflash(path, target, target_config)  # refuses dspark / dflash2 / unknown with a clear message
+
+
+def _draft_model(path: Path, target_config: dict, block_size: int | None):
+    from ..loading import load_target
+    from .draft_model import DraftModelDrafter, check_vocab
+
+    model, _, config = load_target(path)
+    check_vocab(config, target_config, path)
+    return DraftModelDrafter(model, block_size or 4)

@@ -1,0 +1,68 @@
+"""Every drafting mode under the one verify loop stays lossless; auto picks by checkpoint content."""
+
+import mlx_lm
+import pytest
+
+import factory
+import mlx_spec
+from mlx_spec.drafters.draft_model import DraftModelDrafter
+from mlx_spec.drafters.lookup import LookupDrafter, LookupState
+from test_lossless_greedy import PROMPTS, plain, spec
+from test_lossless_sampling import N_TOKENS, PROMPT, chi2_pvalue, exact_joint, CONFIGS
+
+
+@pytest.fixture(scope="module")
+def other_lm(models_dir, tokenizer_dir):
+    """A different small LM with the same tokenizer: a classic draft model."""
+    return factory.make_target(models_dir / "draft-lm", tokenizer_dir, "llama", layers=2, seed=11)
+
+
+def test_auto_mode_picks_by_content(target_dir, drafter_dir, other_lm):
+    assert type(mlx_spec.load(str(target_dir), drafter=str(drafter_dir))[0].drafter).__name__ == "DFlashDrafter"
+    assert isinstance(mlx_spec.load(str(target_dir), drafter=str(other_lm))[0].drafter, DraftModelDrafter)
+    assert isinstance(mlx_spec.load(str(target_dir))[0].drafter, LookupDrafter)  # no known drafter: lookup
+    assert mlx_spec.load(str(target_dir), mode="off")[0].drafter is None
+    with pytest.raises(mlx_spec.DrafterMismatchError, match="not what --mode dflash expects"):
+        mlx_spec.load(str(target_dir), drafter=str(other_lm), mode="dflash")
+    with pytest.raises(mlx_spec.MlxSpecError, match="unknown mode"):
+        mlx_spec.load(str(target_dir), mode="medusa")
+
+
+@pytest.mark.parametrize("mode", ["lookup", "draft-model", "draft-model-self"])
+def test_greedy_identity(target_dir, other_lm, mode):
+    drafter = {"lookup": None, "draft-model": str(other_lm), "draft-model-self": str(target_dir)}[mode]
+    model, tok = mlx_spec.load(str(target_dir), drafter=drafter, mode="lookup" if mode == "lookup" else "draft-model")
+    for prompt in PROMPTS:
+        ref = plain(target_dir, prompt, 40)
+        for block in (2, 5):
+            got, last = spec(model, tok, prompt, 40, block_size=block)
+            assert got == ref, (mode, prompt, block)
+            if mode == "draft-model-self":  # the target drafting for itself: every draft is accepted
+                assert last.spec.accepted == last.spec.drafted
+
+
+def test_lookup_finds_repeats():
+    s = LookupState(max_ngram=3)
+    s.extend([1, 2, 3, 4, 9, 9, 1, 2])
+    assert s.continuation(s.tokens + [3], 3) == [4, 9, 9]  # "1 2 3" seen before: what followed
+    assert s.continuation(s.tokens + [7], 3) == []
+    s.trim(3)
+    assert s.tokens == [1, 2, 3, 4, 9] and s.continuation([4], 2) == [9] and s.continuation([9], 2) == []
+
+
+@pytest.mark.parametrize("mode", ["lookup", "draft-model"])
+def test_sampling_follows_target(models_dir, tokenizer_dir, other_lm, mode):
+    flat = models_dir / "flat"
+    if not flat.exists():
+        factory.make_target(flat, tokenizer_dir, "qwen3", layers=2, seed=7, scale=1.6)
+    model, tok = mlx_spec.load(str(flat), drafter=str(other_lm) if mode == "draft-model" else None,
+                               mode=mode)
+    params = CONFIGS[0]
+    exact = exact_joint(model.model, tok.encode(PROMPT), params, N_TOKENS)
+    cache, counts, runs = mlx_spec.make_prompt_cache(model), {}, 1000
+    for seed in range(runs):
+        p = mlx_spec.SamplingParams(**{**params.__dict__, "seed": seed})
+        toks = [t for r in mlx_spec.stream_generate(model, tok, PROMPT, N_TOKENS, sampling=p, prompt_cache=cache,
+                                                    block_size=3) for t in r.tokens]
+        counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
+    assert chi2_pvalue(exact, counts, runs) > 1e-3
