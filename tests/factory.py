@@ -169,3 +169,32 @@ class SelfDrafter:
             seq.append(toks[-1])
         q = None if self.mode == "argmax-onehot" else mx.concatenate(qs, axis=0)
         return Draft(mx.array(toks, dtype=mx.int32), q)
+
+
+def make_dspark(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 5, confidence: bool = True,
+                threshold: float = 0.0, seed: int = 2, **overrides) -> Path:
+    """A random DSpark drafter in the DeepSpec layout: target config copy + DSpark keys, own embed/head copies."""
+    from mlx_spec.drafters.dspark import DSparkDrafter
+
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    tok = json.loads((target_dir / "tokenizer.json").read_text())
+    mask = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK)
+    cfg = DFlashConfig(hidden_size=tcfg["hidden_size"], num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=tcfg["vocab_size"],
+                       mask_token_id=mask, target_layer_ids=list(taps), block_size=block_size,
+                       num_target_layers=tcfg["num_hidden_layers"], rope_theta=10000.0)
+    mx.random.seed(seed)
+    model = DSparkDrafter(cfg, rank=16, confidence=confidence, with_markov=True, threshold=threshold)
+    target = mx.load(str(target_dir / "model.safetensors"))
+    model.embed_tokens.weight = target["model.embed_tokens.weight"]
+    model.lm_head.weight = target.get("lm_head.weight", target["model.embed_tokens.weight"])
+    config = {**tcfg, "architectures": ["Qwen3DSparkModel"], "num_hidden_layers": 1, "head_dim": 16,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+              "num_target_layers": tcfg["num_hidden_layers"], "block_size": block_size, "mask_token_id": mask,
+              "target_layer_ids": list(taps), "markov_rank": 16, "markov_head_type": "vanilla",
+              "enable_confidence_head": confidence, "confidence_head_with_markov": True,
+              "confidence_threshold": threshold, "tie_word_embeddings": False, **overrides}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return out

@@ -66,3 +66,57 @@ def test_sampling_follows_target(models_dir, tokenizer_dir, other_lm, mode):
                                                     block_size=3) for t in r.tokens]
         counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
     assert chi2_pvalue(exact, counts, runs) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def dspark_dir(models_dir, target_dir):
+    return factory.make_dspark(models_dir / "dspark", target_dir)
+
+
+def test_dspark_loads_and_is_lossless(target_dir, dspark_dir, models_dir):
+    from mlx_spec.drafters.dspark import DSparkDrafter
+
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(dspark_dir))
+    assert isinstance(model.drafter, DSparkDrafter) and model.drafter.block_size == 6  # 5 slots: 5 drafts
+    for prompt in PROMPTS[:2]:
+        ref = plain(target_dir, prompt, 30)
+        for block in (2, 6):
+            got, last = spec(model, tok, prompt, 30, block_size=block)
+            assert got == ref and last.spec.drafted == last.spec.rounds * (block - 1)
+    # The confidence head cuts drafts short where the survival product drops below the threshold.
+    cut = factory.make_dspark(models_dir / "dspark-cut", target_dir, threshold=0.2)
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(cut))
+    got, last = spec(model, tok, PROMPTS[0], 30, block_size=6)
+    assert got == plain(target_dir, PROMPTS[0], 30) and last.spec.drafted < last.spec.rounds * 5
+
+
+def test_dspark_sampling_follows_target(models_dir, tokenizer_dir):
+    flat = models_dir / "flat"
+    if not flat.exists():
+        factory.make_target(flat, tokenizer_dir, "qwen3", layers=2, seed=7, scale=1.6)
+    d = factory.make_dspark(models_dir / "dspark-flat", flat, taps=(0, 1), block_size=3)
+    model, tok = mlx_spec.load(str(flat), drafter=str(d))
+    params = CONFIGS[1]
+    exact = exact_joint(model.model, tok.encode(PROMPT), params, N_TOKENS)
+    cache, counts, runs = mlx_spec.make_prompt_cache(model), {}, 1000
+    for seed in range(runs):
+        p = mlx_spec.SamplingParams(**{**params.__dict__, "seed": seed})
+        toks = [t for r in mlx_spec.stream_generate(model, tok, PROMPT, N_TOKENS, sampling=p, prompt_cache=cache,
+                                                    block_size=3) for t in r.tokens]
+        counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
+    assert chi2_pvalue(exact, counts, runs) > 1e-3
+
+
+@pytest.mark.parametrize("edit, message", [
+    (dict(markov_head_type="rnn"), "markov_head_type 'rnn' is not supported"),
+    (dict(hidden_size=32), "hidden size 32 != target's 64"),
+    (dict(target_layer_ids=[0, 7]), r"target_layer_ids \[7\] out of range"),
+])
+def test_dspark_mismatch_is_refused(tmp_path, target_dir, edit, message):
+    import json
+
+    d = factory.make_dspark(tmp_path / "d", target_dir)
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, **edit}))
+    with pytest.raises(mlx_spec.LoadError, match=message):
+        mlx_spec.load(str(target_dir), drafter=str(d))

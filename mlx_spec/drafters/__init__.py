@@ -1,4 +1,4 @@
-"""Drafters: DFlash (block diffusion), prompt lookup, and a classic draft model, behind one interface."""
+"""Drafters: DFlash and DSpark (block drafters), prompt lookup, a classic draft model; one interface."""
 
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ def load_drafter(mode: str, path: Path | None, target, target_config: dict, bloc
         raise DrafterMismatchError(f"{path} is {what}, not what --mode {mode} expects")
     if kind == "lm":
         return _draft_model(path, target_config, block_size)
+    if kind == "dspark":
+        from .dspark import load_dspark
+
+        return load_dspark(path, target, target_config)
     from .dflash import load_dflash
 
     return load_dflash(path, target, target_config)  # refuses dspark / dflash2 / unknown with a clear message

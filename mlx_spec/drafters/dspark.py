@@ -1,0 +1,123 @@
+"""DSpark drafter (DeepSeek, DeepSpec format): a DFlash-style backbone plus a Markov head.
+
+Differences from DFlash that matter for correctness:
+- the anchor slot itself predicts: a block [anchor, MASK x (B-1)] gives B drafts (slot k
+  predicts position start + k + 1), so the verify pass has B + 1 rows;
+- it carries its own frozen copies of the target's embedding and LM head;
+- drafts are drawn left to right: logits_k = U_k + W2(W1[x_{k-1}]) (x_0 = the anchor), so q_k
+  is conditioned on the token actually drawn before it;
+- a confidence head c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])) lets the draft stop early where the
+  survival product prod c_i falls below a threshold.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..errors import DrafterMismatchError, LoadError
+from .base import Draft
+from .dflash import DFlashConfig, DFlashDrafter, check_fit
+
+
+class MarkovHead(nn.Module):
+    def __init__(self, vocab: int, rank: int):
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab, rank)
+        self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+
+
+class ConfidenceHead(nn.Module):
+    def __init__(self, dims: int):
+        super().__init__()
+        self.proj = nn.Linear(dims, 1)
+
+
+class DSparkDrafter(DFlashDrafter):
+    def __init__(self, cfg: DFlashConfig, rank: int, confidence: bool, with_markov: bool, threshold: float,
+                 logits_start: int = 0):
+        super().__init__(cfg)
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.markov_head = MarkovHead(cfg.vocab_size, rank)
+        if confidence:
+            self.confidence_head = ConfidenceHead(cfg.hidden_size + (rank if with_markov else 0))
+        self.with_markov, self.threshold, self.logits_start = with_markov, threshold, logits_start
+        self.embed_scale = cfg.hidden_size**0.5 if cfg.extra.get("gemma") else 1.0
+
+    @property
+    def max_drafts(self) -> int:
+        return self.config.block_size - self.logits_start
+
+    @property
+    def block_size(self) -> int:  # verify width: the anchor plus every slot's draft
+        return self.max_drafts + 1
+
+    def propose(self, state, anchor: int, k: int, sampling) -> Draft:
+        k = min(k, self.max_drafts)
+        h = self.block_hidden(state, anchor, k + self.logits_start)[0, self.logits_start :]  # [k, H]
+        base = self.lm_head(h).astype(mx.float32)
+        prev, tokens, qs, conf = mx.array([anchor]), [], [], []
+        for j in range(k):
+            m = self.markov_head.markov_w1(prev)  # [1, rank]
+            logits = base[j : j + 1] + self.markov_head.markov_w2(m).astype(mx.float32)
+            if sampling.greedy:
+                prev = logits.argmax(-1).astype(mx.int32)
+            else:
+                qs.append(sampling.probs(logits))
+                prev = sampling.draw(qs[-1])
+            tokens.append(prev)
+            if "confidence_head" in self:
+                feats = mx.concatenate([h[j : j + 1], m.astype(h.dtype)], -1) if self.with_markov else h[j : j + 1]
+                conf.append(mx.sigmoid(self.confidence_head.proj(feats))[0, 0])
+        tokens = mx.concatenate(tokens) if tokens else mx.zeros((0,), mx.int32)
+        n = self._keep(conf) if conf and self.threshold > 0 else k
+        return Draft(tokens[:n], mx.concatenate(qs)[:n] if qs else None)
+
+    def _keep(self, conf: list[mx.array]) -> int:
+        """Drafts up to the first position where the survival product falls below the threshold."""
+        survival = mx.cumprod(mx.stack(conf)).tolist()
+        return next((i for i, s in enumerate(survival) if s < self.threshold), len(survival))
+
+    def block_hidden(self, state, anchor: int, n_slots: int) -> mx.array:
+        cfg = self.config
+        ids = mx.array([[anchor] + [cfg.mask_token_id] * (n_slots - 1)])
+        h = self.embed_tokens(ids) * self.embed_scale
+        for i, layer in enumerate(self.layers):
+            h = layer(h, state.kv(i), state.offset, cfg.window(i), cfg.causal(i))
+        return self.norm(h)
+
+
+def load_dspark(path: Path, target, target_config: dict) -> DSparkDrafter:
+    from ..loading import check_safetensors, read_config
+
+    raw = read_config(path)
+    head = raw.get("markov_head_type", "vanilla")
+    if head != "vanilla":
+        raise LoadError(f"{path}: DSpark markov_head_type {head!r} is not supported (only 'vanilla')")
+    nested = {k: raw[k] for k in ("mask_token_id", "target_layer_ids", "block_size") if k in raw}
+    try:
+        cfg = DFlashConfig.from_dict({**raw, "dflash_config": {**nested, **(raw.get("dflash_config") or {})}})
+    except KeyError as e:
+        raise LoadError(f"{path}/config.json lacks {e.args[0]!r}") from None
+    cfg.extra["gemma"] = str(raw.get("model_type", "")).startswith("gemma")
+    check_fit(cfg, target, target_config, path)
+    weights = {}
+    for f in check_safetensors(path):
+        weights.update(mx.load(str(f)))
+    model = DSparkDrafter(cfg, rank=raw.get("markov_rank", 256), confidence=raw.get("enable_confidence_head", False),
+                          with_markov=raw.get("confidence_head_with_markov", True),
+                          threshold=raw.get("confidence_threshold", 0.0), logits_start=raw.get("logits_start", 0))
+    weights = model.sanitize(weights)
+    if cfg.quantization:
+        q = cfg.quantization
+        nn.quantize(model, group_size=q["group_size"], bits=q["bits"],
+                    class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise DrafterMismatchError(f"{path}: weights do not match its config ({str(e).splitlines()[0]})") from None
+    mx.eval(model.parameters())
+    return model.bind(target)
