@@ -31,6 +31,18 @@ PROMPTS = {
 }
 
 
+def edit_prompts() -> list[str]:
+    """Copy-heavy requests: the answer repeats most of the prompt (prompt lookup's home ground)."""
+    import inspect
+
+    from .stops import StopMatcher
+
+    code = inspect.getsource(StopMatcher._held)
+    return [f"Rename the variable `best` to `longest` in this function and show the whole function:\n\n"
+            f"```python\n{code}```",
+            f"Add a docstring to this function and return it unchanged otherwise:\n\n```python\n{code}```"]
+
+
 def long_context_prompt(tokenizer, n_tokens: int) -> list[dict]:
     """A long document to summarise, cut to about n_tokens of context."""
     import inspect
@@ -116,6 +128,7 @@ class Row:
     divergences: list[int] = field(default_factory=list)
     bound: float | None = None  # tau * t(1) / (t(k+1) + t_draft(k)) from the cost curve
     efficiency: float | None = None
+    mode: str = "auto"
 
 
 def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, block_size: int | None,

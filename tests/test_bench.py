@@ -9,7 +9,7 @@ import mlx_spec
 from mlx_spec import bench
 
 SCHEMA_KEYS = {"kind", "block", "plain_decode_tps", "spec_decode_tps", "plain_e2e_tps", "spec_e2e_tps", "plain_ttft",
-               "spec_ttft", "speedup", "tau", "acceptance", "peak_gb", "identical", "divergences", "bound", "efficiency"}
+               "spec_ttft", "speedup", "tau", "acceptance", "peak_gb", "identical", "divergences", "bound", "efficiency", "mode"}
 
 
 def test_first_divergence():
@@ -38,13 +38,14 @@ def test_planted_divergence_is_reported(target_dir, drafter_dir, monkeypatch):
 def test_cli_json(target_dir, drafter_dir, tmp_path):
     out = subprocess.run(["mlx-spec", "bench", "--model", str(target_dir), "--drafter", str(drafter_dir),
                           "--kinds", "code,long", "--long-context", "64", "--max-tokens", "8", "--repeats", "1",
-                          "--block-sizes", "auto,3", "--json"], capture_output=True, text=True, timeout=600,
+                          "--block-sizes", "auto,3", "--modes", "auto,lookup", "--json"], capture_output=True, text=True, timeout=600,
                          env={**__import__("os").environ, "MLX_SPEC_CACHE": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert data["schema"] == "mlx-spec-bench/1" and "cost_curve" in data["meta"]
     rows = data["results"]
-    assert [(r["kind"], r["block"]) for r in rows] == [("code", "auto"), ("code", "3"), ("long", "auto"), ("long", "3")]
+    assert [(r["mode"], r["kind"], r["block"]) for r in rows] == [
+        (m, k, b) for m in ("auto", "lookup") for k in ("code", "long") for b in ("auto", "3")]
     for r in rows:
         assert set(r) == SCHEMA_KEYS and r["identical"] and r["plain_decode_tps"] > 0 and r["tau"] >= 1
     assert rows[1]["bound"] is not None and rows[1]["efficiency"] is not None

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .common import add_model_arguments
 
-KINDS = ("code", "chat", "math", "long")
+KINDS = ("code", "chat", "math", "edit", "long")
 
 
 def add_arguments(p) -> None:
@@ -20,19 +20,22 @@ def add_arguments(p) -> None:
     p.add_argument("--block-sizes", default="auto", help="'auto' (calibrated) and/or sizes, e.g. auto,2,4,8,16")
     p.add_argument("--long-context", type=int, default=768, help="prompt tokens of the long-context kind")
     p.add_argument("--kernels", default="on", help="'on', 'off' or 'on,off' (custom Metal kernels)")
+    p.add_argument("--modes", default=None, help="drafting modes side by side, e.g. auto,lookup (default: --mode)")
     p.add_argument("--vs-draft-model", default=None, help="also run mlx-lm's speculative mode with this draft model")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", default=None, help="write speedup vs block size per kind to this PNG")
 
 
 def prompt_sets(args, tokenizer) -> dict[str, list]:
-    from ..bench import PROMPTS, long_context_prompt
+    from ..bench import PROMPTS, edit_prompts, long_context_prompt
     from ..train.data import read_prompts
 
     sets = {}
     for kind in [k for k in args.kinds.split(",") if k]:
         if kind == "long":
             sets["long"] = [long_context_prompt(tokenizer, args.long_context)]
+        elif kind == "edit":
+            sets["edit"] = edit_prompts()
         elif kind in PROMPTS:
             sets[kind] = PROMPTS[kind]
     if args.prompts:
@@ -50,8 +53,9 @@ def run(args) -> int:
     from ..loading import load
 
     rows, meta = [], {"mlx": mx.__version__, "device": str(mx.default_device())}
-    for kernels in args.kernels.split(","):
-        model, tok = load(args.model, drafter=args.drafter, mode=args.mode, dtype=args.dtype, kernels=kernels == "on")
+    setups = [(m, k) for m in (args.modes or args.mode).split(",") for k in args.kernels.split(",")]
+    for mode, kernels in setups:
+        model, tok = load(args.model, drafter=args.drafter, mode=mode, dtype=args.dtype, kernels=kernels == "on")
         if model.drafter is None:
             raise MlxSpecError("nothing to compare: no drafter for this model (pass --drafter)")
         meta.update(model=str(model.target_path), drafter=str(model.drafter_path))
@@ -62,9 +66,10 @@ def run(args) -> int:
             for size in sizes:
                 row = bench_kind(model, tok, kind, prompts, args.max_tokens, size, args.repeats, curve)
                 row.block += "" if args.kernels == "on" else f" kernels={kernels}"
+                row.mode = mode
                 rows.append(row)
                 if not args.json:
-                    print(f"{kind} block={row.block}: speedup {row.speedup:.2f}x τ {row.tau:.2f}", file=sys.stderr)
+                    print(f"{kind} {mode} block={row.block}: speedup {row.speedup:.2f}x τ {row.tau:.2f}", file=sys.stderr)
     if args.vs_draft_model:
         rows += draft_model_rows(args, model, tok)
     if args.plot:
@@ -105,12 +110,12 @@ def show(rows, meta) -> None:
     from rich.table import Table
 
     t = Table(title=f"mlx-spec bench — {meta.get('model')} ({meta.get('device')})")
-    for col in ("kind", "block", "plain tok/s", "spec tok/s", "speedup", "τ", "e2e speedup", "TTFT plain/spec ms",
+    for col in ("kind", "mode", "block", "plain tok/s", "spec tok/s", "speedup", "τ", "e2e speedup", "TTFT plain/spec ms",
                 "acceptance by position", "peak GB", "identical", "efficiency"):
         t.add_column(col)
     for r in rows:
         e2e = r.spec_e2e_tps / r.plain_e2e_tps if r.plain_e2e_tps else 0
-        t.add_row(r.kind, r.block, f"{r.plain_decode_tps:.1f}", f"{r.spec_decode_tps:.1f}", f"{r.speedup:.2f}x",
+        t.add_row(r.kind, r.mode, r.block, f"{r.plain_decode_tps:.1f}", f"{r.spec_decode_tps:.1f}", f"{r.speedup:.2f}x",
                   f"{r.tau:.2f}", f"{e2e:.2f}x", f"{r.plain_ttft * 1e3:.0f}/{r.spec_ttft * 1e3:.0f}",
                   " ".join(f"{a:.2f}" for a in r.acceptance[:8]), f"{r.peak_gb:.3f}",
                   "yes" if r.identical else f"NO (first at {r.divergences[0]})",
