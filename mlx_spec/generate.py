@@ -163,10 +163,23 @@ class Generation:
         return self.finish is not None
 
     def start(self) -> GenerationResponse:
-        first = prefill(self.model.target, self.model.drafter, self.state, self.ids)
-        self.prefill_time, self.cached = time.perf_counter() - self.tic, self.state.pc.reused
-        self.tic = time.perf_counter()
-        return self.emit(first, count=False)
+        """Prefill the whole prompt; the response carries the first token."""
+        for progress in self.prefill():
+            if isinstance(progress, GenerationResponse):
+                return progress
+
+    def prefill(self, chunk: int = 512) -> Iterator[int | GenerationResponse]:
+        """Prefill chunk by chunk, yielding prompt tokens done; the last item is the first response.
+
+        A caller may stop iterating between chunks (a cancelled request): the cache stays consistent.
+        """
+        for item in prefill(self.model.target, self.model.drafter, self.state, self.ids, chunk):
+            if isinstance(item, Round):
+                self.prefill_time, self.cached = time.perf_counter() - self.tic, self.state.pc.reused
+                self.tic = time.perf_counter()
+                yield self.emit(item, count=False)
+            else:
+                yield item
 
     def emit(self, r: Round, count: bool = True) -> GenerationResponse:
         if count:

@@ -229,8 +229,8 @@ class PlayBack:
     def __init__(self, responses):
         self.responses, self.finished = responses, False
 
-    def start(self):
-        return self.advance()
+    def prefill(self, chunk):
+        yield self.advance()
 
     def advance(self):
         r = next(self.responses)

@@ -98,3 +98,44 @@ def test_health_is_503_while_the_model_loads(long_target_dir, monkeypatch):
     finally:
         gate.set()
         s.stop()
+
+
+def test_long_prefill_is_chunked_while_others_decode(long_target_dir):
+    """A long prompt is prefilled a chunk per step; a streaming request keeps getting tokens meanwhile."""
+    import threading
+    import time
+
+    from mlx_spec.app.server.config import ModelConfig, ServerConfig
+    from test_server_harness import RunningServer
+
+    s = RunningServer(ServerConfig(model=ModelConfig(target=str(long_target_dir), drafter=None, prefill_chunk=8)))
+    try:
+        client = s.client()
+        a_times, b_first = [], []
+        a_started = threading.Event()
+
+        def stream_a():
+            stream = client.chat.completions.create(model="m", stream=True, max_tokens=3000, logit_bias=EOS_BIAS,
+                                                    messages=LONG["messages"])
+            for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    a_times.append(time.monotonic())
+                    a_started.set()
+                if b_first:
+                    stream.close()  # disconnect: frees the slot
+                    break
+
+        t = threading.Thread(target=stream_a)
+        t.start()
+        assert a_started.wait(30)
+        long_prompt = " ".join(f"word{i}" for i in range(250))
+        b_sent = time.monotonic()
+        for chunk in client.chat.completions.create(model="m", stream=True, max_tokens=2,
+                                                    messages=[{"role": "user", "content": long_prompt}]):
+            if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason) and not b_first:
+                b_first.append(time.monotonic())
+        t.join(60)
+        during = [x for x in a_times if b_sent < x < b_first[0]]
+        assert len(during) >= 10, (len(during), len(a_times))
+    finally:
+        s.stop()

@@ -29,7 +29,8 @@ class Backend:
         self.model = self.tokenizer = self.pool = self.info = None
 
     def load(self) -> None:
-        self.model, self.tokenizer = mlx_spec.load(self.cfg.target, drafter=self.cfg.drafter, dtype=self.cfg.dtype)
+        self.model, self.tokenizer = mlx_spec.load(self.cfg.target, drafter=self.cfg.drafter, mode=self.cfg.mode,
+                                                   dtype=self.cfg.dtype, kernels=self.cfg.kernels)
         self.pool = PrefixCachePool(lambda: mlx_spec.make_prompt_cache(self.model), self.prefix_cache_size)
         drafter = self.model.drafter
         vocab = int(self.model.config.get("vocab_size") or self.model.config.get("text_config", {}).get("vocab_size"))
@@ -39,13 +40,20 @@ class Backend:
             block_size=(self.cfg.block_size or drafter.block_size) if drafter is not None else None)
 
     def start(self, seq: Sequence) -> None:
-        """Give the request a cache (sharing its prefix when one is idle), prefill it, deliver its first token."""
+        """Give the request a cache (sharing its prefix when one is idle) and its generation."""
         job = seq.job
         seq.cache = self.pool.acquire(job.ids)
         seq.gen = mlx_spec.make_generation(
             self.model, self.tokenizer, job.ids, job.max_tokens, sampling=job.sampling, stop=job.stop,
             prompt_cache=seq.cache, block_size=self.cfg.block_size)
-        seq.on_round(seq.gen.start())
+        seq.prefilling = seq.gen.prefill(self.cfg.prefill_chunk)
+
+    def prefill_step(self, seq: Sequence) -> None:
+        """One prefill chunk; the last one delivers the first token and the request joins the batch."""
+        item = next(seq.prefilling)
+        if isinstance(item, mlx_spec.GenerationResponse):
+            seq.prefilling = None
+            seq.on_round(item)
 
     def step(self, seqs: list[Sequence]) -> None:
         """One verify round for every active request: their blocks share one batched target pass."""

@@ -12,6 +12,7 @@ from .config import Defaults, ModelConfig, ServerConfig
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
+    p.add_argument("--prefill-chunk", type=int, default=512, help="prompt tokens per step while others decode")
     add_sampling_arguments(p)  # here: defaults for requests that leave a field out
     p.set_defaults(max_tokens=None)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs --api-key)")
@@ -32,7 +33,8 @@ def add_arguments(p) -> None:
 
 def config_from(args) -> ServerConfig:
     model = ModelConfig(target=args.model, drafter=None if args.no_draft else args.drafter,
-                        block_size=args.block_size, dtype=args.dtype, served_name=args.served_model_name)
+                        block_size=args.block_size, dtype=args.dtype, served_name=args.served_model_name,
+                        mode=args.mode, kernels=not args.no_kernels, prefill_chunk=args.prefill_chunk)
     defaults = Defaults(sampling_from(args), args.max_tokens, tuple(args.stop))
     return ServerConfig(
         model=model, defaults=defaults, host=args.host, port=args.port, api_key=args.api_key or None,

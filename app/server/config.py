@@ -15,6 +15,9 @@ class ModelConfig:
     block_size: int | None = None
     dtype: str | None = None
     served_name: str | None = None  # the id /v1/models reports; never used to find files
+    mode: str = "auto"  # how to draft (see `mlx_spec.load`)
+    kernels: bool = True
+    prefill_chunk: int = 512  # prompt tokens per scheduler step while others decode
 
 
 @dataclass(frozen=True)

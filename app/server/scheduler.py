@@ -138,10 +138,21 @@ class Scheduler:
                 seq.finish("abort")
             elif time.monotonic() > seq.deadline:
                 seq.finish("length", timed_out=True)  # like llama.cpp's t_max_predict_ms: a limit, not a failure
+            elif seq.prefilling is not None:
+                self._prefill(seq)  # a long prompt advances a chunk per step: the others keep decoding
             else:
                 live.append(seq)
         if live:
             self._advance(live)
+
+    def _prefill(self, seq: Sequence) -> None:
+        try:
+            self.backend.prefill_step(seq)
+        except MlxSpecError as e:
+            seq.finish("error", APIError(400, str(e)))
+        except Exception as e:
+            log.exception("prefill failed")
+            seq.finish("error", e)
 
     def _advance(self, seqs: list[Sequence]) -> None:
         try:

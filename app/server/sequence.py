@@ -43,6 +43,7 @@ class Sequence:
         self.started: float | None = None
         self.first_token: float | None = None
         self.gen = None  # the library's Generation, set on admission
+        self.prefilling = None  # its prefill, advanced one chunk per scheduler step
         self.cache = None
         self.stats = SpecStats()
         self.rounds = 0

@@ -10,7 +10,7 @@ rest, and the bonus token becomes the next anchor.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Iterator, Protocol
 
 import mlx.core as mx
 
@@ -54,20 +54,23 @@ class DecodeState:
     anchor: int = -1
 
 
-def prefill(target, drafter, s: DecodeState, prompt: list[int], chunk: int = 512) -> Round:
-    """Run the uncached part of the prompt through the target; its first token is the first anchor."""
+def prefill(target, drafter, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iterator[int | Round]:
+    """Run the uncached part of the prompt through the target, yielding the prompt tokens done after
+    each chunk (so a caller can interleave other work or stop), then the first token as a Round."""
     pc = s.pc
-    rest = prompt[pc.reuse(prompt):]
+    done = pc.reuse(prompt)
+    rest = prompt[done:]
     for i in range(0, len(rest), chunk):
         piece = rest[i : i + chunk]
         logits, hidden = target(mx.array([piece]), pc.target)
         if drafter is not None:
             drafter.observe(pc.drafter, hidden, piece)
         eval_state(pc)
-    pc.tokens += rest
+        pc.tokens += piece
+        yield done + i + len(piece)
     last = s.sampler.process(pc.tokens, [], logits[0, -1:])
     s.anchor = (last.argmax(-1) if s.sampler.greedy else s.sampler.draw(s.sampler.probs(last))).item()
-    return Round([s.anchor], 0, 0)
+    yield Round([s.anchor], 0, 0)
 
 
 def step(target, drafter, states: list[DecodeState]) -> list[Round]:
