@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Iterator
 
 from mlx_spec.errors import MlxSpecError
-from mlx_spec.generate import GenerationResponse, make_prompt_cache, stream_generate
+from mlx_spec.generate import GenerationResponse, make_generation, make_prompt_cache, step_all, stream_generate
 
 from .settings import Settings
+from .worker import TICK
 
 BASELINE_PROMPT = "def main():\n"  # plain text, so a chat model does not end its reply at once
 
@@ -48,8 +49,16 @@ class Session:
         cache = self.caches.get(self.speculative)
         if cache is None:
             cache = self.caches[self.speculative] = make_prompt_cache(self.model)
-        return stream_generate(self.model, self.tokenizer, messages, settings.max_tokens, sampling=settings.sampling,
-                               stop=list(settings.stop), prompt_cache=cache, block_size=self.block_size(settings))
+        g = make_generation(self.model, self.tokenizer, messages, settings.max_tokens, sampling=settings.sampling,
+                            stop=list(settings.stop), prompt_cache=cache, block_size=self.block_size(settings))
+        return self._rounds(g)
+
+    def _rounds(self, g) -> Iterator[object]:
+        """TICKs between prefill chunks (a Ctrl-C can stop there), then one response per round."""
+        for item in g.prefill():
+            yield TICK if isinstance(item, int) else item
+        while not g.finished:
+            yield step_all(self.model, [g])[0]
 
     def forget_caches(self) -> None:
         """After a failure mid-round a cache may be half-updated; the next turn prefills afresh."""

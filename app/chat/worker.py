@@ -14,6 +14,7 @@ import time
 from typing import Callable, Iterator
 
 STOPPING = object()  # yielded by Stream once when a stop takes a while (a long prefill)
+TICK = object()  # yielded by a producer between chunks of work; never reaches the consumer
 _POLL_S = 0.1
 
 
@@ -86,7 +87,8 @@ class Stream:
         try:
             it = self._make_iter()
             for item in it:
-                self.events.put(("item", item))
+                if item is not TICK:  # TICK: progress inside a long step, only a chance to stop
+                    self.events.put(("item", item))
                 if self.cancel.is_set():
                     break
             else:
