@@ -42,3 +42,35 @@ def test_cli_generate_on_default_model():
     assert out.returncode == 0, out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("prompt: ") and "generation: 12 tokens" in last and "peak memory" in last
+
+
+@pytest.mark.parametrize("mode", ["auto", "lookup"])
+def test_embedded_speculation_is_lossless(mode):
+    """The embedded target with its default drafter (auto) and with prompt lookup: greedy output as mlx-lm's."""
+    model, tok = mlx_spec.load(mode=mode)
+    assert model.drafter is not None
+    ref_model, ref_tok = mlx_lm.load(str(models.DEFAULT_TARGET))
+    for prompt in ["def fibonacci(n):", "import os\nimport sys\n\ndef main():"]:
+        ref = [r.token for r in mlx_lm.stream_generate(ref_model, ref_tok, prompt, max_tokens=48)]
+        got = [t for r in mlx_spec.stream_generate(model, tok, prompt, 48, block_size=6) for t in r.tokens]
+        assert got == ref[: len(got)] and len(got) >= len(ref) - 1
+
+
+def test_serve_and_chat_default_to_the_embedded_model():
+    import openai
+    from test_server_cli import start, wait_healthy
+
+    proc, url = start()
+    try:
+        wait_healthy(proc, url)
+        client = openai.OpenAI(base_url=url + "/v1", api_key="x")
+        assert client.models.list().data[0].id == "mlx-spec-default"
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Hi!"}], max_tokens=8)
+        assert r.usage.completion_tokens >= 1
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    chat = subprocess.run(["mlx-spec", "chat", "--no-history", "--max-tokens", "8"], input="Hello!\n/model\n/bye\n",
+                          capture_output=True, text=True, timeout=300)
+    assert chat.returncode == 0, chat.stderr
+    assert "default" in chat.stdout + chat.stderr

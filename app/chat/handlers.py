@@ -157,8 +157,11 @@ def model(chat):
     if s.drafter is None:
         chat.out.say("drafter  none")
     else:
-        chat.out.say(f"drafter  {s.model.drafter_path}")
-        chat.out.say(f"         block size {s.drafter.block_size}, reads target layers {list(s.drafter.tap_ids)}")
+        kind = {"DFlashDrafter": "DFlash", "DSparkDrafter": "DSpark", "LookupDrafter": "prompt lookup (no model)",
+                "DraftModelDrafter": "draft model"}.get(type(s.drafter).__name__, type(s.drafter).__name__)
+        chat.out.say(f"drafter  {kind}" + (f", {s.model.drafter_path}" if s.model.drafter_path else ""))
+        taps = f", reads target layers {list(s.drafter.tap_ids)}" if s.drafter.tap_ids else ""
+        chat.out.say(f"         block size {s.drafter.block_size}{taps}")
     mode = f"speculative, block size {s.block_size(chat.settings)}" if s.speculative else "plain"
     chat.out.say(f"decoding {mode}")
 
