@@ -65,6 +65,7 @@ class Sample:
     peak_gb: float
     tau: float = 0.0
     acceptance: list[float] = field(default_factory=list)
+    mean_draft: float = 0.0  # drafts per verify round (what the controller chose, for block "auto")
 
 
 def run_plain(model, tokenizer, ids: list[int], max_tokens: int, **mlx_lm_kwargs) -> Sample:
@@ -93,6 +94,7 @@ def run_spec(model, tokenizer, ids: list[int], max_tokens: int, block_size: int 
         tokens += r.tokens
     s = _sample(tokens, start, first, time.perf_counter())
     s.tau, s.acceptance = r.spec.tau, r.spec.acceptance_rates
+    s.mean_draft = r.spec.drafted / r.spec.rounds if r.spec.rounds else 0.0
     return s
 
 
@@ -129,6 +131,7 @@ class Row:
     bound: float | None = None  # tau * t(1) / (t(k+1) + t_draft(k)) from the cost curve
     efficiency: float | None = None
     mode: str = "auto"
+    mean_draft: float = 0.0
 
 
 def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, block_size: int | None,
@@ -158,6 +161,7 @@ def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, bloc
         plain_ttft=med([s.ttft for s in plain]), spec_ttft=med([s.ttft for s in spec]), speedup=0.0, tau=tau,
         acceptance=[med(col) for col in zip(*[s.acceptance for s in spec if s.acceptance])] if spec else [],
         peak_gb=max(s.peak_gb for s in spec), identical=not divergences, divergences=divergences,
+        mean_draft=med([s.mean_draft for s in spec]),
     )
     row.speedup = row.spec_decode_tps / max(row.plain_decode_tps, 1e-9)
     if curve is not None and block_size:
