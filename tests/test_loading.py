@@ -137,10 +137,17 @@ def test_mismatched_drafter_is_refused(tmp_path, target_dir, overrides, message)
 
 
 def test_other_checkpoint_kinds_are_refused(tmp_path, target_dir, drafter_dir):
-    dspark = broken_copy(drafter_dir, tmp_path / "dspark", lambda d: (d / "config.json").write_text(json.dumps(
+    relabelled = broken_copy(drafter_dir, tmp_path / "dspark", lambda d: (d / "config.json").write_text(json.dumps(
         {**json.loads((d / "config.json").read_text()), "architectures": ["Qwen3DSparkModel"]})))
-    with pytest.raises(DrafterMismatchError, match="is a DSpark drafter"):
-        mlx_spec.load(str(target_dir), drafter=str(dspark))
+    with pytest.raises(DrafterMismatchError, match="weights do not match its config .Missing .*embed_tokens"):
+        mlx_spec.load(str(target_dir), drafter=str(relabelled))
+    dspark = factory.make_dspark(tmp_path / "real-dspark", target_dir)
+    with pytest.raises(DrafterMismatchError, match="is a DSpark drafter, not what --mode dflash expects"):
+        mlx_spec.load(str(target_dir), drafter=str(dspark), mode="dflash")
+    dflash2 = broken_copy(drafter_dir, tmp_path / "dflash2", lambda d: (d / "config.json").write_text(json.dumps(
+        {**json.loads((d / "config.json").read_text()), "architectures": ["DFlash2DraftModel"]})))
+    with pytest.raises(DrafterMismatchError, match="DFlash 2 is not supported yet"):
+        mlx_spec.load(str(target_dir), drafter=str(dflash2))
     with pytest.raises(DrafterMismatchError, match="is a plain language model .a draft model., not what --mode dflash expects"):
         mlx_spec.load(str(target_dir), drafter=str(target_dir), mode="dflash")
 

@@ -288,7 +288,7 @@ def load_dflash(path: Path, target, target_config: dict) -> DFlashDrafter:
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise DrafterMismatchError(f"{path}: weights do not match its config ({str(e).splitlines()[0]})") from None
+        raise DrafterMismatchError(f"{path}: weights do not match its config ({' '.join(str(e).split())[:240]})") from None
     fc_in = model.fc.weight.shape[-1] * (32 // cfg.quantization["bits"] if cfg.quantization else 1)
     if fc_in != len(cfg.target_layer_ids) * cfg.hidden_size:
         raise DrafterMismatchError(f"{path}: fc takes {fc_in} features, expected {len(cfg.target_layer_ids)} taps x {cfg.hidden_size}")

@@ -118,6 +118,6 @@ def load_dspark(path: Path, target, target_config: dict) -> DSparkDrafter:
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
-        raise DrafterMismatchError(f"{path}: weights do not match its config ({str(e).splitlines()[0]})") from None
+        raise DrafterMismatchError(f"{path}: weights do not match its config ({' '.join(str(e).split())[:240]})") from None
     mx.eval(model.parameters())
     return model.bind(target)
