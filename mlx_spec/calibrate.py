@@ -53,20 +53,28 @@ def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None)
 class AdaptiveLength:
     """Chooses k each round from the cost curve and running acceptance estimates.
 
-    alpha_i is an exponential moving average over rounds that reached position i. While
-    speculation is off, one probe round every `probe_every` keeps the estimates honest.
+    alpha_i is an exponential moving average over rounds that reached position i; a position
+    never reached yet borrows the estimate of the deepest one reached (optimistic, so longer
+    drafts get tried and corrected). While speculation is off, one probe round every
+    `probe_every` keeps the estimates honest.
     """
 
     def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.5, smoothing: float = 0.15,
                  probe_every: int = 32):
         self.curve, self.max_k = curve, min(max_k, curve.max_drafts)
         self.alphas = [prior] * self.max_k
+        self.reached = 0  # positions judged at least once
         self.smoothing, self.probe_every = smoothing, probe_every
         self.rounds_off = 0
         self.last = 0
 
+    def estimates(self) -> list[float]:
+        if not self.reached:
+            return self.alphas
+        return self.alphas[: self.reached] + [self.alphas[self.reached - 1]] * (self.max_k - self.reached)
+
     def next(self) -> int:
-        k = best_length(self.curve, self.alphas, self.max_k)
+        k = best_length(self.curve, self.estimates(), self.max_k)
         if k == 0:
             self.rounds_off += 1
             if self.rounds_off >= self.probe_every and self.max_k:
@@ -76,6 +84,7 @@ class AdaptiveLength:
 
     def update(self, drafted: int, accepted: int) -> None:
         s = self.smoothing
+        self.reached = max(self.reached, min(drafted, accepted + 1))
         for i in range(min(drafted, accepted + 1)):  # positions that were actually judged
             hit = 1.0 if i < accepted else 0.0
             self.alphas[i] = (1 - s) * self.alphas[i] + s * hit

@@ -65,3 +65,13 @@ def test_calibrated_curve_is_measured_and_cached(target_dir, drafter_dir, monkey
     assert again == curve  # read from the cache, not re-measured
     out = list(mlx_spec.stream_generate(model, tok, "def add(a, b):", 20))  # adaptive by default
     assert out[-1].generation_tokens == 20
+
+
+def test_controller_explores_longer_drafts_when_acceptance_is_high():
+    c = AdaptiveLength(FLAT, max_k=8, prior=0.5)
+    first = c.next()
+    assert first < 8  # a cautious start
+    for _ in range(30):
+        k = c.next()
+        c.update(k, k)  # everything accepted
+    assert c.next() == 8
