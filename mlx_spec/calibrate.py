@@ -53,25 +53,26 @@ def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None)
 class AdaptiveLength:
     """Chooses k each round from the cost curve and running acceptance estimates.
 
-    alpha_i is an exponential moving average over rounds that reached position i; a position
-    never reached yet borrows the estimate of the deepest one reached (optimistic, so longer
-    drafts get tried and corrected). While speculation is off, one probe round every
+    alpha_i = (hits_i + w * alpha_{i-1}) / (trials_i + w) over the rounds that judged position i,
+    with counts decayed each round so the estimate follows the text: a position with little
+    data leans on the one before it (acceptance rarely jumps between neighbours), so deeper
+    drafts get tried and corrected. While speculation is off, one probe round every
     `probe_every` keeps the estimates honest.
     """
 
-    def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.5, smoothing: float = 0.15,
+    def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.6, weight: float = 2.0, decay: float = 0.95,
                  probe_every: int = 32):
         self.curve, self.max_k = curve, min(max_k, curve.max_drafts)
-        self.alphas = [prior] * self.max_k
-        self.reached = 0  # positions judged at least once
-        self.smoothing, self.probe_every = smoothing, probe_every
+        self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
+        self.prior, self.weight, self.decay, self.probe_every = prior, weight, decay, probe_every
         self.rounds_off = 0
-        self.last = 0
 
     def estimates(self) -> list[float]:
-        if not self.reached:
-            return self.alphas
-        return self.alphas[: self.reached] + [self.alphas[self.reached - 1]] * (self.max_k - self.reached)
+        alphas, before = [], self.prior
+        for h, t in zip(self.hits, self.trials):
+            before = (h + self.weight * before) / (t + self.weight)
+            alphas.append(before)
+        return alphas
 
     def next(self) -> int:
         k = best_length(self.curve, self.estimates(), self.max_k)
@@ -79,15 +80,15 @@ class AdaptiveLength:
             self.rounds_off += 1
             if self.rounds_off >= self.probe_every and self.max_k:
                 self.rounds_off, k = 0, 1
-        self.last = k
         return k
 
     def update(self, drafted: int, accepted: int) -> None:
-        s = self.smoothing
-        self.reached = max(self.reached, min(drafted, accepted + 1))
-        for i in range(min(drafted, accepted + 1)):  # positions that were actually judged
-            hit = 1.0 if i < accepted else 0.0
-            self.alphas[i] = (1 - s) * self.alphas[i] + s * hit
+        judged = min(drafted, accepted + 1)  # positions that were actually verified
+        self.hits = [h * self.decay for h in self.hits]
+        self.trials = [t * self.decay for t in self.trials]
+        for i in range(judged):
+            self.trials[i] += 1
+            self.hits[i] += i < accepted
 
 
 # ----------------------------------------------------------------------------- measuring
