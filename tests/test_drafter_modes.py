@@ -8,7 +8,12 @@ import mlx_spec
 from mlx_spec.drafters.draft_model import DraftModelDrafter
 from mlx_spec.drafters.lookup import LookupDrafter, LookupState
 from test_lossless_greedy import PROMPTS, plain, spec
-from test_lossless_sampling import N_TOKENS, PROMPT, chi2_pvalue, exact_joint, CONFIGS
+from test_lossless_sampling import CONFIGS, N_TOKENS, PROMPT, chi2_pvalue, count_runs, exact_joint
+
+
+def follows_target(model, tok, params, runs=1000) -> bool:
+    exact = exact_joint(model.model, tok.encode(PROMPT), params, N_TOKENS)
+    return chi2_pvalue(exact, count_runs(model, tok, params, runs), runs) > 1e-3
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +62,7 @@ def test_sampling_follows_target(models_dir, tokenizer_dir, other_lm, mode):
         factory.make_target(flat, tokenizer_dir, "qwen3", layers=2, seed=7, scale=1.6)
     model, tok = mlx_spec.load(str(flat), drafter=str(other_lm) if mode == "draft-model" else None,
                                mode=mode)
-    params = CONFIGS[0]
-    exact = exact_joint(model.model, tok.encode(PROMPT), params, N_TOKENS)
-    cache, counts, runs = mlx_spec.make_prompt_cache(model), {}, 1000
-    for seed in range(runs):
-        p = mlx_spec.SamplingParams(**{**params.__dict__, "seed": seed})
-        toks = [t for r in mlx_spec.stream_generate(model, tok, PROMPT, N_TOKENS, sampling=p, prompt_cache=cache,
-                                                    block_size=3) for t in r.tokens]
-        counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
-    assert chi2_pvalue(exact, counts, runs) > 1e-3
+    assert follows_target(model, tok, CONFIGS[0])
 
 
 @pytest.fixture(scope="module")
@@ -96,15 +93,7 @@ def test_dspark_sampling_follows_target(models_dir, tokenizer_dir):
         factory.make_target(flat, tokenizer_dir, "qwen3", layers=2, seed=7, scale=1.6)
     d = factory.make_dspark(models_dir / "dspark-flat", flat, taps=(0, 1), block_size=3)
     model, tok = mlx_spec.load(str(flat), drafter=str(d))
-    params = CONFIGS[1]
-    exact = exact_joint(model.model, tok.encode(PROMPT), params, N_TOKENS)
-    cache, counts, runs = mlx_spec.make_prompt_cache(model), {}, 1000
-    for seed in range(runs):
-        p = mlx_spec.SamplingParams(**{**params.__dict__, "seed": seed})
-        toks = [t for r in mlx_spec.stream_generate(model, tok, PROMPT, N_TOKENS, sampling=p, prompt_cache=cache,
-                                                    block_size=3) for t in r.tokens]
-        counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
-    assert chi2_pvalue(exact, counts, runs) > 1e-3
+    assert follows_target(model, tok, CONFIGS[1])
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -40,14 +40,16 @@ def exact_joint(model, ids, params, n):
 
 def sample_runs(model, tok, params, runs, mode):
     model.drafter = factory.SelfDrafter(model.model, block_size=3, mode=mode)
-    cache = mlx_spec.make_prompt_cache(model)
-    counts = {}
+    return count_runs(model, tok, params, runs)
+
+
+def count_runs(model, tok, params, runs):
+    """How often each first-N_TOKENS sequence comes out over `runs` seeded speculative runs."""
+    cache, counts = mlx_spec.make_prompt_cache(model), {}
     for seed in range(runs):
         p = SamplingParams(**{**params.__dict__, "seed": seed})
-        toks = []
-        for r in mlx_spec.stream_generate(model, tok, PROMPT, N_TOKENS, sampling=p, prompt_cache=cache,
-                                            block_size=3):
-            toks += r.tokens
+        toks = [t for r in mlx_spec.stream_generate(model, tok, PROMPT, N_TOKENS, sampling=p, prompt_cache=cache,
+                                                    block_size=3) for t in r.tokens]
         counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
     return counts
 

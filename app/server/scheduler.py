@@ -121,13 +121,7 @@ class Scheduler:
                 self._start(seq)
 
     def _start(self, seq: Sequence) -> None:
-        try:
-            self.backend.start(seq)
-        except MlxSpecError as e:
-            seq.finish("error", APIError(400, str(e)))
-        except Exception as e:
-            log.exception("cannot start a request")
-            seq.finish("error", e)
+        self._guarded([seq], lambda: self.backend.start(seq), "cannot start a request")
 
     def _advance_all(self) -> None:
         live = []
@@ -146,22 +140,20 @@ class Scheduler:
             self._advance(live)
 
     def _prefill(self, seq: Sequence) -> None:
-        try:
-            self.backend.prefill_step(seq)
-        except MlxSpecError as e:
-            seq.finish("error", APIError(400, str(e)))
-        except Exception as e:
-            log.exception("prefill failed")
-            seq.finish("error", e)
+        self._guarded([seq], lambda: self.backend.prefill_step(seq), "prefill failed")
 
     def _advance(self, seqs: list[Sequence]) -> None:
+        self._guarded(seqs, lambda: self.backend.step(seqs), "generation failed")
+
+    def _guarded(self, seqs: list[Sequence], work, what: str) -> None:
+        """Run model work; a user error fails these requests with a 400, anything else with a 500."""
         try:
-            self.backend.step(seqs)
+            work()
         except MlxSpecError as e:
             for seq in seqs:
                 seq.finish("error", APIError(400, str(e)))
         except Exception as e:
-            log.exception("generation failed")
+            log.exception(what)
             for seq in seqs:
                 seq.finish("error", e)
 
