@@ -37,7 +37,7 @@ def test_trainer_learns(tmp_path, shallow):
     untrained = new_drafter(model.target, model.config, tok, cfg)
     model.target.set_taps(untrained.tap_ids)
     before = measure(Loaded(model.target, untrained, model.target_path, None, model.config), tok, PROMPTS, 32)["all"].tau
-    path = train_drafter(model.target, model.config, tok, records, cfg, log=lambda *_: None)
+    path = train_drafter(model.target, model.config, tok, records, cfg)
     trained, _ = mlx_spec.load(str(model.target_path), drafter=str(path))
     after = measure(trained, tok, PROMPTS, 32)["all"].tau
     assert after > before + 0.5, (before, after)

@@ -51,10 +51,6 @@ def trim(caches: list, n: int) -> None:
         c.trim(n)
 
 
-def cache_offset(caches: list) -> int:
-    return caches[0].offset if caches else 0
-
-
 class PromptCache:
     """One conversation's state: target cache, drafter state and the tokens they hold.
 
@@ -82,9 +78,6 @@ class PromptCache:
             del self.tokens[n:]
         self.reused = n
         return n
-
-    def nbytes(self) -> int:
-        return sum(c.nbytes for c in self.target)
 
 
 def eval_state(pc: PromptCache) -> None:

@@ -11,7 +11,7 @@ reached less often).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -39,7 +39,6 @@ class DrafterTrainConfig:
     checkpoint_every: int = 100
     eval_every: int = 250
     seed: int = 0
-    extra: dict = field(default_factory=dict)
 
 
 def default_taps(n_layers: int, n_taps: int = 4) -> list[int]:
@@ -104,7 +103,7 @@ def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, ga
 
 
 def train_drafter(target, config: dict, tokenizer, records: list[dict], cfg: DrafterTrainConfig,
-                  evaluate=None, log=print) -> Path:
+                  evaluate=None) -> Path:
     """Train (or resume) and write the drafter in the public DFlash format to cfg.out / 'drafter'."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
