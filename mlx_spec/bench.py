@@ -166,7 +166,7 @@ def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, bloc
     row.speedup = row.spec_decode_tps / max(row.plain_decode_tps, 1e-9)
     if curve is not None and block_size:
         k = min(block_size - 1, curve.max_drafts)
-        row.bound = tau * curve.verify[0] / curve.round_time(k)
+        row.bound = tau * curve.verify[0] / curve.pass_time(k)
         row.efficiency = row.speedup / row.bound if row.bound else None
     return row
 

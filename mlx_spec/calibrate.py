@@ -1,9 +1,10 @@
 """Cost curves and the draft-length controller: speculate only as far as it pays.
 
-Speed of a round with k drafts is E[tokens | k] / (t_verify(k+1) + t_draft(k)), where
-E[tokens | k] = 1 + sum_j prod_{i<=j} alpha_i and alpha_i is the chance draft i is accepted
-given the ones before it were. k = 0 is plain decoding. Where verify cost grows steeply
-with width (MLX's stock Linux CPU wheel), the controller picks short drafts or none.
+Speed of a round with k drafts is E[tokens | k] / t_round(k), where E[tokens | k] =
+1 + sum_j prod_{i<=j} alpha_i and alpha_i is the chance draft i is accepted given the ones
+before it were. t_round(k) is measured through the real loop, host work included (ideally
+t_verify(k+1) + t_draft(k)); k = 0 is plain decoding. Where verify cost grows steeply with
+width (MLX's stock Linux CPU wheel), the controller picks short drafts or none.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import platform
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -24,16 +25,25 @@ import mlx.core as mx
 class CostCurve:
     verify: list[float]  # seconds for a target pass over M = 1, 2, ... tokens
     draft: list[float]  # seconds for a drafter pass producing k = 1, 2, ... drafts (index k-1)
+    rounds: list[float] = field(default_factory=list)  # seconds for a whole loop round with k = 0, 1, ... drafts
 
     @property
     def max_drafts(self) -> int:
         return min(len(self.verify) - 1, len(self.draft))
 
-    def round_time(self, k: int) -> float:
+    def pass_time(self, k: int) -> float:
+        """The ideal round: one target pass over k + 1 tokens and one drafter pass, nothing else."""
         return self.verify[k] + (self.draft[k - 1] if k else 0.0)
+
+    def round_time(self, k: int) -> float:
+        return self.rounds[k] if k < len(self.rounds) else self.pass_time(k)
 
     def ratios(self) -> list[float]:
         return [t / self.verify[0] for t in self.verify]
+
+    def round_ratios(self) -> list[float]:
+        """Measured round cost with k = 0, 1, ... drafts, in plain decoding steps."""
+        return [t / self.rounds[0] for t in self.rounds]
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:
@@ -50,22 +60,35 @@ def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None)
     return max(range(top + 1), key=lambda k: (expected_tokens(alphas, k) / curve.round_time(k), -k))
 
 
+@dataclass
+class AcceptanceMemory:
+    """Acceptance estimates that outlive a request, so the next one with this pair starts from them."""
+
+    alphas: list[float] | None = None
+
+
 class AdaptiveLength:
     """Chooses k each round from the cost curve and running acceptance estimates.
 
     alpha_i = (hits_i + w * alpha_{i-1}) / (trials_i + w) over the rounds that judged position i,
-    with counts decayed each round so the estimate follows the text: a position with little
+    with counts decayed each drafting round so the estimate follows the text: a position with little
     data leans on the one before it (acceptance rarely jumps between neighbours), so deeper
-    drafts get tried and corrected. While speculation is off, one probe round every
-    `probe_every` keeps the estimates honest.
+    drafts get tried and corrected. While speculation is off, a probe round keeps the estimates
+    honest: after `probe_every` rounds off, then twice as long each time it finds nothing
+    (up to `max_probe_every`), since on a steep curve every probe costs.
     """
 
     def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.6, weight: float = 2.0, decay: float = 0.95,
-                 probe_every: int = 32):
+                 probe_every: int = 32, max_probe_every: int = 512, memory: AcceptanceMemory | None = None):
         self.curve, self.max_k = curve, min(max_k, curve.max_drafts)
         self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
-        self.prior, self.weight, self.decay, self.probe_every = prior, weight, decay, probe_every
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.probe_every, self.max_probe_every, self.interval = probe_every, max_probe_every, probe_every
         self.rounds_off = 0
+        self.memory = memory
+        if memory is not None and memory.alphas:  # start from the last request's estimates, lightly held
+            for i, a in enumerate(memory.alphas[: self.max_k]):
+                self.hits[i], self.trials[i] = a * weight, weight
 
     def estimates(self) -> list[float]:
         alphas, before = [], self.prior
@@ -76,19 +99,26 @@ class AdaptiveLength:
 
     def next(self) -> int:
         k = best_length(self.curve, self.estimates(), self.max_k)
-        if k == 0:
+        if k:
+            self.interval = self.probe_every
+        else:
             self.rounds_off += 1
-            if self.rounds_off >= self.probe_every and self.max_k:
+            if self.rounds_off >= self.interval and self.max_k:
                 self.rounds_off, k = 0, 1
+                self.interval = min(2 * self.interval, self.max_probe_every)
         return k
 
     def update(self, drafted: int, accepted: int) -> None:
+        if not drafted:  # a plain round tells nothing about acceptance: keep the estimates as they are
+            return
         judged = min(drafted, accepted + 1)  # positions that were actually verified
         self.hits = [h * self.decay for h in self.hits]
         self.trials = [t * self.decay for t in self.trials]
         for i in range(judged):
             self.trials[i] += 1
             self.hits[i] += i < accepted
+        if self.memory is not None and judged:
+            self.memory.alphas = self.estimates()
 
 
 # ----------------------------------------------------------------------------- measuring
@@ -105,7 +135,8 @@ def _timed(fn, repeats: int) -> float:
 
 
 def measure_curve(model, max_width: int, context: int = 256, repeats: int = 5) -> CostCurve:
-    """Time the target over M = 1..max_width new tokens after `context` cached ones, and the drafter."""
+    """Time the target over M = 1..max_width new tokens after `context` cached ones, the drafter,
+    and whole loop rounds with k = 0..max_width-1 drafts."""
     from .engine.cache import PromptCache, trim
     from .engine.sampling import Sampler, SamplingParams
 
@@ -113,8 +144,7 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 5) -
     ids = [(i * 7919) % vocab for i in range(context)]
     pc = PromptCache(model.model, model.drafter)
     logits, hidden = model.target(mx.array([ids]), pc.target)
-    if model.drafter is not None:
-        model.drafter.observe(pc.drafter, hidden, ids)
+    pc.add(ids, hidden)
     mx.eval(logits)
 
     def verify(m):
@@ -125,12 +155,35 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 5) -
         return run
 
     curve = CostCurve([_timed(verify(m), repeats) for m in range(1, max_width + 1)], [])
+    greedy = Sampler(SamplingParams(), vocab)
     if model.drafter is not None:
-        greedy = Sampler(SamplingParams(), vocab)
         for k in range(1, max_width):
-            propose = lambda: mx.eval(model.drafter.propose(pc.drafter, ids[-1], k, greedy).tokens)  # noqa: E731
+            propose = lambda: mx.eval(model.drafter.propose(pc.drafter_state(), ids[-1], k, greedy).tokens)  # noqa: E731
             curve.draft.append(_timed(propose, repeats))
+    curve.rounds = measure_rounds(model, pc, greedy, max_width - 1 if model.drafter is not None else 0, repeats)
     return curve
+
+
+def measure_rounds(model, pc, sampler, max_k: int, repeats: int) -> list[float]:
+    """Seconds per round of the real loop with k = 0..max_k drafts (k = 0: pipelined plain decoding)."""
+    from .engine.loop import DecodeState, FixedLength, settle, step
+
+    base, anchor = len(pc.tokens), pc.tokens[-1]
+    out = []
+    for k in range(max_k + 1):
+        s = DecodeState(pc, sampler, FixedLength(k), anchor=anchor)
+        run = lambda: step(model.target, model.drafter, [s])  # noqa: E731
+        if k == 0:  # consecutive plain rounds overlap: time a run of them
+            run()
+            tic = time.perf_counter()
+            for _ in range(2 * repeats):
+                run()
+            out.append((time.perf_counter() - tic) / (2 * repeats))
+        else:
+            out.append(_timed(run, repeats))
+        settle(s)
+        pc.truncate(base)
+    return out
 
 
 def curve_key(model) -> str:
@@ -151,7 +204,7 @@ def calibrated_curve(model, max_width: int, refresh: bool = False) -> CostCurve:
     path = cache_dir() / "curves" / f"{curve_key(model)}.json"
     if path.exists() and not refresh:
         curve = CostCurve(**json.loads(path.read_text()))
-        if len(curve.verify) >= max_width:
+        if len(curve.verify) >= max_width and len(curve.rounds) >= min(max_width, len(curve.draft) + 1):
             return curve
     curve = measure_curve(model, max_width)
     path.parent.mkdir(parents=True, exist_ok=True)

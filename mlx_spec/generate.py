@@ -137,7 +137,7 @@ def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool):
         return FixedLength(max(0, (block_size or drafter.block_size) - 1))
     from .calibrate import AdaptiveLength, calibrated_curve
 
-    return AdaptiveLength(calibrated_curve(model, drafter.block_size), drafter.block_size - 1)
+    return AdaptiveLength(calibrated_curve(model, drafter.block_size), drafter.block_size - 1, memory=model.memory)
 
 
 class Generation:
@@ -150,7 +150,7 @@ class Generation:
     def __init__(self, model: Loaded, tokenizer, ids: list[int], max_tokens: int, sampler: Sampler,
                  stop: list[str], pc: PromptCache, lengths):
         self.model, self.ids, self.max_tokens = model, ids, max_tokens
-        self.state = DecodeState(pc, sampler, lengths)
+        self.state = DecodeState(pc, sampler, lengths, remaining=max_tokens)
         self.detok = tokenizer.detokenizer
         self.detok.reset()
         self.stops = StopMatcher(stop)
@@ -173,7 +173,7 @@ class Generation:
 
         A caller may stop iterating between chunks (a cancelled request): the cache stays consistent.
         """
-        for item in prefill(self.model.target, self.model.drafter, self.state, self.ids, chunk):
+        for item in prefill(self.model.target, self.state, self.ids, chunk):
             if isinstance(item, Round):
                 self.prefill_time, self.cached = time.perf_counter() - self.tic, self.state.pc.reused
                 self.tic = time.perf_counter()
@@ -192,6 +192,7 @@ class Generation:
         for t in tokens:
             self.detok.add_token(t)
         self.n += len(tokens)
+        self.state.remaining = self.max_tokens - self.n
         if self.finish is None and self.n >= self.max_tokens:
             self.finish = "length"
         if self.finish is not None:

@@ -6,13 +6,14 @@ import json
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from . import models as registry_pkg
+from .calibrate import AcceptanceMemory
 from .errors import LoadError
 
 WEIGHT_GLOB = "model*.safetensors"
@@ -28,6 +29,7 @@ class Loaded:
     target_path: Path
     drafter_path: Path | None
     config: dict
+    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)  # the controller's, across requests
 
     @property
     def model(self) -> nn.Module:

@@ -77,3 +77,12 @@ def test_sliding_window_models_fall_back_to_one_at_a_time(models_dir, tokenizer_
     model, tok = mlx_spec.load(str(target), drafter=str(drafter))
     reqs = [(p, SamplingParams(), 4) for p in ("def add(a, b):", "Hello, how are you", "import os")]
     assert together(model, tok, reqs, join_at=[0, 1, 1]) == [alone(model, tok, r) for r in reqs]
+
+
+def test_plain_rounds_that_ran_ahead_join_a_batch(target_dir, drafter_dir):
+    """A request decoding plainly alone runs one token ahead; joining a batch backs that out exactly."""
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    reqs = [("def add(a, b):", SamplingParams(), 1),
+            ("import os", SamplingParams(temperature=0.8, top_k=20, seed=5), 1),
+            ("class Stack:", SamplingParams(), 4)]
+    assert together(model, tok, reqs, join_at=[0, 3, 6]) == [alone(model, tok, r) for r in reqs]

@@ -3,7 +3,8 @@
 import pytest
 
 import mlx_spec
-from mlx_spec.calibrate import AdaptiveLength, CostCurve, best_length, calibrated_curve, expected_tokens
+from mlx_spec.calibrate import (AcceptanceMemory, AdaptiveLength, CostCurve, best_length, calibrated_curve,
+                                expected_tokens)
 
 FLAT = CostCurve(verify=[1.0, 1.02, 1.05, 1.07, 1.1, 1.15, 1.2, 1.25, 1.3], draft=[0.05] * 8)  # Apple-like
 STEEP = CostCurve(verify=[1.0 * m for m in range(1, 10)], draft=[0.1 * (k + 1) for k in range(8)])  # stock CPU BLAS
@@ -60,7 +61,8 @@ def test_calibrated_curve_is_measured_and_cached(target_dir, drafter_dir, monkey
     monkeypatch.setenv("MLX_SPEC_CACHE", str(tmp_path))
     model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
     curve = calibrated_curve(model, 4)
-    assert len(curve.verify) == 4 and len(curve.draft) == 3 and all(t > 0 for t in curve.verify + curve.draft)
+    assert len(curve.verify) == 4 and len(curve.draft) == 3 and len(curve.rounds) == 4
+    assert all(t > 0 for t in curve.verify + curve.draft + curve.rounds)
     assert list((tmp_path / "curves").glob("*.json"))
     again = calibrated_curve(model, 4)
     assert again == curve  # read from the cache, not re-measured
@@ -74,3 +76,46 @@ def test_controller_explores_longer_drafts_when_acceptance_is_high():
         k = c.next()
         c.update(k, k)  # everything accepted
     assert c.next() == 8
+
+
+def test_measured_rounds_override_the_ideal_pass_time():
+    # Host work per round (here 0.5 plain steps) makes short drafts lose where the ideal curve says win.
+    ideal = CostCurve(verify=[1.0, 1.1, 1.2, 1.3], draft=[0.1] * 3)
+    loaded = CostCurve(verify=ideal.verify, draft=ideal.draft, rounds=[1.0] + [ideal.pass_time(k) + 0.5 for k in (1, 2, 3)])
+    assert best_length(ideal, [0.3] * 3) > 0 and best_length(loaded, [0.3] * 3) == 0
+    assert loaded.round_time(0) == 1.0 and loaded.pass_time(2) == pytest.approx(1.3)
+
+
+def test_probes_back_off_while_they_find_nothing():
+    c = AdaptiveLength(STEEP, max_k=8, probe_every=4, max_probe_every=16)
+    probes = []
+    for r in range(100):
+        k = c.next()
+        if k:
+            probes.append(r)
+        c.update(k, 0)
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert probes[0] == 3 and gaps[:3] == [8, 16, 16] and len(probes) == 7
+
+
+def test_probe_interval_resets_once_speculation_pays_again():
+    c = AdaptiveLength(FLAT, max_k=8, probe_every=4, max_probe_every=64)
+    for _ in range(300):  # rejected for long: probes have backed off to the maximum
+        c.update(c.next(), 0)
+    assert c.interval == 64
+    for _ in range(200):
+        k = c.next()
+        c.update(k, k)
+    assert c.next() == 8 and c.interval == 4
+
+
+def test_memory_warm_starts_the_next_request():
+    mild = CostCurve(verify=[1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9, 2.05, 2.2], draft=[0.05] * 8)
+    memory = AcceptanceMemory()
+    first = AdaptiveLength(mild, max_k=8, memory=memory)
+    cold = first.next()
+    for _ in range(50):
+        k = first.next()
+        first.update(k, k)
+    assert memory.alphas and min(memory.alphas) > 0.9
+    assert AdaptiveLength(mild, max_k=8, memory=memory).next() > cold

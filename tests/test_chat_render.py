@@ -13,6 +13,7 @@ from mlx_spec.app.chat.markdown import MarkdownLines, inline
 from mlx_spec.app.chat.render import Output, ReplyWriter, printable, screen_rows
 from mlx_spec.app.chat.stats import Turn, estimate_speedup, merge, report, stats_line
 from mlx_spec.app.chat.worker import Worker
+from mlx_spec.calibrate import CostCurve
 from mlx_spec.generate import SpecStats
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -114,7 +115,10 @@ def test_stats_line_and_report():
     merge(total, _turn([3]).spec)
     assert total.rounds == 4 and total.accepted_per_position == [3, 2, 2]
     text = "\n".join(report(t, total, 50.0))
-    assert "acceptance by draft position" in text and "not calibrated" in text and "50.0 tok/s" in text
+    assert "acceptance by draft position" in text and "50.0 tok/s" in text and "verify cost" not in text
+    curve = CostCurve(verify=[1.0, 1.5, 2.0], draft=[0.1, 0.2], rounds=[1.0, 1.8, 2.5])
+    text = "\n".join(report(t, total, 50.0, curve))
+    assert "verify cost t(M)/t(1), M = 1…: 1.00 1.50 2.00" in text and "k = 0… drafts: 1.00 1.80 2.50" in text
     assert estimate_speedup(200, 100) == 2.0 and estimate_speedup(200, None) is None
 
 

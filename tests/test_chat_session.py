@@ -74,7 +74,7 @@ def test_draft_off_gives_the_same_greedy_reply(pair, printed):
     stats = [x for x in chat.stderr.splitlines() if "tok/s" in x]
     assert "τ" in stats[0] and "plain decoding" in stats[1] and "τ" in stats[2]
     assert "plain decoding: the next replies" in chat.stdout
-    assert chat.stdout.rstrip().endswith("speculative decoding, block size 8")
+    assert chat.stdout.rstrip().endswith("speculative decoding, block size auto (up to 8)")
 
 
 def test_stop_keeps_the_partial_reply_and_the_cache_stays_exact(pair, monkeypatch):
@@ -123,7 +123,8 @@ def test_settings_and_bad_values(pair):
     assert "block_size is at most 8 for this drafter" in chat.stderr
     assert "unknown command /nope" in chat.stderr
     assert "decoding speculative, block size 4" in chat.stdout
-    assert "no drafts yet" in chat.stdout and "not calibrated" in chat.stdout
+    assert "no drafts yet" in chat.stdout and "verify cost t(M)/t(1), M = 1…: 1.00 " in chat.stdout
+    assert "round cost / plain step, k = 0… drafts: 1.00 " in chat.stdout
     assert "/draft [on|off]" in chat.stdout and "max_tokens  longest reply" in chat.stdout
 
 

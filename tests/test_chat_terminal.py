@@ -157,11 +157,11 @@ def test_every_slash_command_and_bad_input(chat, tmp_path):
     assert "system: You answer in one line." in t.send("/system")
     assert "plain decoding: the next replies" in t.send("/draft off")
     assert "plain decoding" in last_stats(t.send("hello"))
-    assert "speculative decoding, block size 8" in t.send("/draft on")
+    assert "speculative decoding, block size auto (up to 8)" in t.send("/draft on")
     assert "/draft takes on or off" in t.send("/draft maybe")
     assert len(STATS.findall(t.send("/regen"))) == 1
     stats = t.send("/stats")
-    assert "acceptance by draft position" in stats and "not calibrated" in stats
+    assert "acceptance by draft position" in stats and "round cost / plain step" in stats
     f = tmp_path / "saved.json"
     assert "saved 3 messages" in t.send(f"/save {f}")
     assert "new conversation (system message kept)" in t.send("/clear")

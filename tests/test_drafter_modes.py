@@ -79,12 +79,12 @@ def test_dspark_loads_and_is_lossless(target_dir, dspark_dir, models_dir):
         ref = plain(target_dir, prompt, 30)
         for block in (2, 6):
             got, last = spec(model, tok, prompt, 30, block_size=block)
-            assert got == ref and last.spec.drafted == last.spec.rounds * (block - 1)
+            assert got == ref and all(d == min(block - 1, wanted - 1) for d, wanted in spec.budgets)
     # The confidence head cuts drafts short where the survival product drops below the threshold.
     cut = factory.make_dspark(models_dir / "dspark-cut", target_dir, threshold=0.2)
     model, tok = mlx_spec.load(str(target_dir), drafter=str(cut))
     got, last = spec(model, tok, PROMPTS[0], 30, block_size=6)
-    assert got == plain(target_dir, PROMPTS[0], 30) and last.spec.drafted < last.spec.rounds * 5
+    assert got == plain(target_dir, PROMPTS[0], 30) and any(d < min(5, wanted - 1) for d, wanted in spec.budgets)
 
 
 def test_dspark_sampling_follows_target(models_dir, tokenizer_dir):

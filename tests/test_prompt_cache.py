@@ -24,4 +24,49 @@ def test_follow_up_turn_reuses_prefix(target_dir, drafter_dir):
     again = list(mlx_spec.stream_generate(model, tok, edited, 12, prompt_cache=cache, block_size=4))
     fresh = list(mlx_spec.stream_generate(model, tok, edited, 12, block_size=4))
     assert [t for r in again for t in r.tokens] == [t for r in fresh for t in r.tokens]
-    assert cache.drafter.offset == len(cache.tokens) == cache.target[0].offset
+    assert cache.drafter_state().offset == len(cache.tokens) == cache.target[0].offset
+
+
+class Recorder:
+    """A drafter that only records what it is shown."""
+
+    tap_ids, block_size = (), 4
+
+    class State:
+        def __init__(self):
+            self.tokens = []
+
+        @property
+        def offset(self):
+            return len(self.tokens)
+
+        def trim(self, n):
+            del self.tokens[len(self.tokens) - n:]
+            return n
+
+    def __init__(self):
+        self.calls = []
+
+    def make_state(self):
+        return self.State()
+
+    def observe(self, state, hidden, tokens):
+        self.calls.append(list(tokens))
+        state.tokens += tokens
+
+
+def test_drafter_sees_committed_rows_lazily(target_dir):
+    from mlx_spec.engine.cache import PromptCache
+
+    model, _ = mlx_spec.load(str(target_dir), drafter=None)
+    rec = Recorder()
+    pc = PromptCache(model.model, rec)
+    pc.add([1, 2], None)
+    pc.add([3], None)
+    assert rec.calls == [] and pc.tokens == [1, 2, 3]  # nothing drafted yet: nothing observed
+    assert pc.drafter_state().tokens == [1, 2, 3] and rec.calls == [[1, 2, 3]]  # one batched catch-up
+    pc.add(list(range(10, 10 + PromptCache.FLUSH_ROWS)), None)  # a long plain stretch is flushed as it goes
+    assert len(rec.calls) == 2 and pc.drafter_state().offset == len(pc.tokens)
+    pc.add([7, 8], None)
+    pc.truncate(4)  # pending rows and observed ones alike
+    assert pc.tokens == [1, 2, 3, 10] and pc.drafter_state().tokens == [1, 2, 3, 10]

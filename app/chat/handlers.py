@@ -104,7 +104,7 @@ def draft(chat, on: bool | None = None):
             chat.out.hint(str(e))
             return
     if s.speculative:
-        chat.out.say(f"speculative decoding, block size {s.block_size(chat.settings)}")
+        chat.out.say(f"speculative decoding, {s.block_label(chat.settings)}")
     elif s.drafter is not None:
         chat.out.say("plain decoding: the next replies show its tokens/s (/draft on to compare)")
     else:
@@ -112,7 +112,8 @@ def draft(chat, on: bool | None = None):
 
 
 def stats(chat):
-    for line in report(chat.last, chat.total, chat.session.baseline_tps):
+    curve = chat.worker.call(chat.session.cost_curve)
+    for line in report(chat.last, chat.total, chat.session.baseline_tps, curve):
         chat.out.say(line)
 
 
@@ -162,7 +163,7 @@ def model(chat):
         chat.out.say(f"drafter  {kind}" + (f", {s.model.drafter_path}" if s.model.drafter_path else ""))
         taps = f", reads target layers {list(s.drafter.tap_ids)}" if s.drafter.tap_ids else ""
         chat.out.say(f"         block size {s.drafter.block_size}{taps}")
-    mode = f"speculative, block size {s.block_size(chat.settings)}" if s.speculative else "plain"
+    mode = f"speculative, {s.block_label(chat.settings)}" if s.speculative else "plain"
     chat.out.say(f"decoding {mode}")
 
 

@@ -40,17 +40,18 @@ class Session:
         if n is not None and top is not None and n > top:
             raise MlxSpecError(f"block_size is at most {top} for this drafter")
 
-    def block_size(self, settings: Settings) -> int | None:
-        if not self.speculative:
-            return None
-        return settings.block_size or self.drafter.block_size
+    def block_label(self, settings: Settings) -> str:
+        """The block size in use: fixed, or chosen each round from the cost curve (the default)."""
+        if settings.block_size is not None or self.drafter is None:
+            return f"block size {settings.block_size}"
+        return f"block size auto (up to {self.drafter.block_size})"
 
     def reply(self, messages: list[dict], settings: Settings) -> Iterator[GenerationResponse]:
         cache = self.caches.get(self.speculative)
         if cache is None:
             cache = self.caches[self.speculative] = make_prompt_cache(self.model)
         g = make_generation(self.model, self.tokenizer, messages, settings.max_tokens, sampling=settings.sampling,
-                            stop=list(settings.stop), prompt_cache=cache, block_size=self.block_size(settings))
+                            stop=list(settings.stop), prompt_cache=cache, block_size=settings.block_size)
         return self._rounds(g)
 
     def _rounds(self, g) -> Iterator[object]:
@@ -59,6 +60,12 @@ class Session:
             yield TICK if isinstance(item, int) else item
         while not g.finished:
             yield step_all(self.model, [g])[0]
+
+    def cost_curve(self):
+        """This machine's cost curve for the pair (measured once, then cached on disk)."""
+        from mlx_spec.calibrate import calibrated_curve
+
+        return calibrated_curve(self.model, self.drafter.block_size) if self.speculative else None
 
     def forget_caches(self) -> None:
         """After a failure mid-round a cache may be half-updated; the next turn prefills afresh."""
@@ -84,3 +91,4 @@ class Session:
         """A plain-decoding reply is the freshest baseline there is."""
         if tokens >= 8 and tps > 0:
             self.baseline_tps = tps
+

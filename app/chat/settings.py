@@ -15,7 +15,7 @@ SETTABLE = {
     "min_p": ("sampling.min_p", "float", "drop tokens below min_p * the top probability"),
     "seed": ("sampling.seed", "int?", "sampling seed, 'none' for a fresh one each reply"),
     "max_tokens": ("max_tokens", "int", "longest reply, in tokens"),
-    "block_size": ("block_size", "int?", "tokens per verify round (anchor + drafts), 'default' = the drafter's"),
+    "block_size": ("block_size", "int?", "tokens per verify round (anchor + drafts); 'default': chosen each round, up to the drafter's"),
     "verbose": ("verbose", "bool", "live view: accepted draft tokens shown apart from target tokens"),
     "markdown": ("markdown", "bool", "style Markdown and code blocks as lines complete"),
 }
@@ -25,7 +25,7 @@ SETTABLE = {
 class Settings:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_tokens: int = 1024
-    block_size: int | None = None  # None: the drafter's own block size
+    block_size: int | None = None  # None: chosen each round from the cost curve, up to the drafter's
     verbose: bool = False
     markdown: bool = True
     stop: tuple[str, ...] = ()

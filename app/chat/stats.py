@@ -6,14 +6,8 @@ from dataclasses import dataclass, field
 
 from mlx_spec.generate import GenerationResponse, SpecStats
 
-COST_MODEL = "not calibrated yet: speedup = this reply's tokens/s over measured plain decoding tokens/s"
-
-
 def estimate_speedup(tps: float, baseline_tps: float | None) -> float | None:
-    """Speedup over plain decoding from two measured speeds.
-
-    A stand-in until the cost curve t(M) is calibrated; then τ and the block size predict it.
-    """
+    """Speedup over plain decoding: this reply's tokens/s over measured plain decoding tokens/s."""
     if not baseline_tps or tps <= 0:
         return None
     return tps / baseline_tps
@@ -71,7 +65,7 @@ def merge(total: SpecStats, s: SpecStats) -> None:
         total.accepted_per_position[i] += a
 
 
-def report(last: Turn | None, total: SpecStats, baseline_tps: float | None, width: int = 24) -> list[str]:
+def report(last: Turn | None, total: SpecStats, baseline_tps: float | None, curve=None, width: int = 24) -> list[str]:
     """/stats: counters for the last reply and the session, then acceptance by draft position."""
     lines = []
     for name, s in (("last reply", last.spec if last else None), ("session", total)):
@@ -86,5 +80,8 @@ def report(last: Turn | None, total: SpecStats, baseline_tps: float | None, widt
             lines.append(f"  {i + 1:>3}  {bar:<{width}} {rate:6.1%}  of {n}")
     base = f"{baseline_tps:.1f} tok/s (measured)" if baseline_tps else "not measured yet"
     lines.append(f"plain decoding: {base}")
-    lines.append(f"cost curve: {COST_MODEL}")
+    if curve is not None:  # what the draft-length controller works from
+        lines.append("verify cost t(M)/t(1), M = 1…: " + " ".join(f"{r:.2f}" for r in curve.ratios()))
+        lines.append("round cost / plain step, k = 0… drafts: "
+                     + " ".join(f"{curve.round_time(k) / curve.round_time(0):.2f}" for k in range(len(curve.rounds))))
     return lines

@@ -60,7 +60,8 @@ def run(args) -> int:
             raise MlxSpecError("nothing to compare: no drafter for this model (pass --drafter)")
         meta.update(model=str(model.target_path), drafter=str(model.drafter_path))
         curve = calibrated_curve(model, model.drafter.block_size)
-        meta["cost_curve"] = {"verify_ratio": [round(r, 3) for r in curve.ratios()], "t1_ms": curve.verify[0] * 1e3}
+        meta["cost_curve"] = {"verify_ratio": [round(r, 3) for r in curve.ratios()], "t1_ms": curve.verify[0] * 1e3,
+                              "round_ratio": [round(r, 3) for r in curve.round_ratios()]}
         sizes = [None if b == "auto" else int(b) for b in args.block_sizes.split(",")]
         for kind, prompts in prompt_sets(args, tok).items():
             for size in sizes:
@@ -121,5 +122,6 @@ def show(rows, meta) -> None:
                   "yes" if r.identical else f"NO (first at {r.divergences[0]})",
                   f"{r.efficiency:.2f}" if r.efficiency else "")
     Console().print(t)
-    ratios = meta.get("cost_curve", {}).get("verify_ratio", [])
-    Console().print("cost curve t(M)/t(1), M=1…: " + " ".join(f"{x:.2f}" for x in ratios))
+    curve = meta.get("cost_curve", {})
+    Console().print("cost curve t(M)/t(1), M=1…: " + " ".join(f"{x:.2f}" for x in curve.get("verify_ratio", [])))
+    Console().print("measured round / plain step, k=0… drafts: " + " ".join(f"{x:.2f}" for x in curve.get("round_ratio", [])))

@@ -47,7 +47,8 @@ def run(args) -> int:
         info["model"] = str(model.target_path)
         info["drafter"] = str(model.drafter_path) if model.drafter_path else None
         info["cost_curve"] = {"t1_ms": round(curve.verify[0] * 1e3, 3), "verify_ratio": [round(r, 2) for r in curve.ratios()],
-                              "draft_ms": [round(t * 1e3, 3) for t in curve.draft]}
+                              "draft_ms": [round(t * 1e3, 3) for t in curve.draft],
+                              "round_ratio": [round(r, 2) for r in curve.round_ratios()]}
         if curve.draft:
             info["chosen_length"] = {str(a): best_length(curve, [a] * curve.max_drafts) for a in (0.5, 0.7, 0.9)}
     if args.json:
@@ -73,5 +74,6 @@ def show(info: dict) -> None:
         t.add_row("t(M)/t(1), M=1…", " ".join(f"{r:.2f}" for r in c["verify_ratio"]))
         if c["draft_ms"]:
             t.add_row("draft ms, k=1…", " ".join(f"{x:.2f}" for x in c["draft_ms"]))
+            t.add_row("round / plain step, k=0…", " ".join(f"{x:.2f}" for x in c["round_ratio"]))
             t.add_row("chosen draft length", ", ".join(f"α={a}: k={k}" for a, k in info["chosen_length"].items()))
     Console(file=sys.stdout).print(t)

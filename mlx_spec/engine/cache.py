@@ -52,30 +52,62 @@ def trim(caches: list, n: int) -> None:
 
 
 class PromptCache:
-    """One conversation's state: target cache, drafter state and the tokens they hold.
+    """One conversation's state: the target's cache, the drafter's state and the tokens they hold.
 
-    A follow-up turn trims both back to the common prefix and prefills only the rest.
+    Rows reach the drafter lazily: committed rows wait until the drafter next drafts, then go in
+    one batched update (and while speculation is off, only every FLUSH_ROWS rows). A follow-up turn
+    truncates both to the common prefix and prefills only the rest.
     """
+
+    FLUSH_ROWS = 256  # bounds the hidden states held for the drafter
 
     def __init__(self, model, drafter=None):
         self.model = model
         self.target = make_cache(model)
-        self.drafter = drafter.make_state() if drafter is not None else None
         self.tokens: list[int] = []  # tokens whose K/V are in `target`
         self.reused = 0  # prompt tokens the last `reuse` found already cached
+        self._drafter = drafter
+        self._state = drafter.make_state() if drafter is not None else None
+        self._pending: list[tuple[mx.array | None, list[int]]] = []  # rows the drafter has not seen
+        self._pending_rows = 0
+
+    def add(self, tokens: list[int], hidden: mx.array | None) -> None:
+        """Rows just written to the target cache, with their tapped hidden states [1, n, taps*H] (or None)."""
+        self.tokens += tokens
+        if self._drafter is None:
+            return
+        self._pending.append((hidden, list(tokens)))
+        self._pending_rows += len(tokens)
+        if self._pending_rows >= self.FLUSH_ROWS:
+            self.drafter_state()
+
+    def drafter_state(self):
+        """The drafter's state, caught up with every committed row."""
+        if self._pending:
+            hidden = [h for h, _ in self._pending]
+            hidden = None if hidden[0] is None else mx.concatenate(hidden, axis=1)
+            self._drafter.observe(self._state, hidden, [t for _, ts in self._pending for t in ts])
+            self._pending, self._pending_rows = [], 0
+        return self._state
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n tokens, in the target's cache and the drafter's state alike."""
+        drop = len(self.tokens) - n
+        if drop <= 0:
+            return
+        trim(self.target, drop)
+        if self._drafter is not None:
+            state = self.drafter_state()
+            state.trim(max(0, state.offset - n))
+        del self.tokens[n:]
 
     def reuse(self, prompt: list[int]) -> int:
-        """Trim to the longest common prefix with `prompt` (keeping >= 1 token to prefill); returns it."""
+        """Truncate to the longest common prefix with `prompt` (keeping >= 1 token to prefill); returns it."""
         n = 0
         limit = min(len(self.tokens), len(prompt) - 1)
         while n < limit and self.tokens[n] == prompt[n]:
             n += 1
-        drop = len(self.tokens) - n
-        if drop:
-            trim(self.target, drop)
-            if self.drafter is not None:
-                self.drafter.trim(max(0, self.drafter.offset - n))
-            del self.tokens[n:]
+        self.truncate(n)
         self.reused = n
         return n
 

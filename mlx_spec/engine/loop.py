@@ -46,15 +46,22 @@ class FixedLength:
 
 @dataclass
 class DecodeState:
-    """One request inside the loop."""
+    """One request inside the loop.
+
+    Normally the anchor is not in the target's cache yet. While speculation is off the loop runs
+    one token ahead: then the anchor is already in the cache and `ahead` is the (lazy) token after it.
+    """
 
     pc: PromptCache
     sampler: Sampler
     lengths: DraftLength
     anchor: int = -1
+    remaining: int = 1 << 30  # tokens the caller still wants: caps drafts and running ahead
+    k: int | None = None  # drafts planned for the next round
+    ahead: mx.array | None = None
 
 
-def prefill(target, drafter, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iterator[int | Round]:
+def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iterator[int | Round]:
     """Run the uncached part of the prompt through the target, yielding the prompt tokens done after
     each chunk (so a caller can interleave other work or stop), then the first token as a Round."""
     pc = s.pc
@@ -63,35 +70,44 @@ def prefill(target, drafter, s: DecodeState, prompt: list[int], chunk: int = 512
     for i in range(0, len(rest), chunk):
         piece = rest[i : i + chunk]
         logits, hidden = target(mx.array([piece]), pc.target)
-        if drafter is not None:
-            drafter.observe(pc.drafter, hidden, piece)
+        pc.add(piece, hidden)
         eval_state(pc)
-        pc.tokens += piece
         yield done + i + len(piece)
-    last = s.sampler.process(pc.tokens, [], logits[0, -1:])
-    s.anchor = (last.argmax(-1) if s.sampler.greedy else s.sampler.draw(s.sampler.probs(last))).item()
+    s.anchor = s.sampler.next_token(pc.tokens, logits[0, -1:]).item()
     yield Round([s.anchor], 0, 0)
 
 
 def step(target, drafter, states: list[DecodeState]) -> list[Round]:
-    """One verify round for every request."""
+    """One round for every request: draft -> verify -> accept -> commit."""
+    if len(states) == 1 and plan(states[0]) == 0:
+        return [plain_round(target, states[0])]
+    for s in states:
+        plan(s)
+        settle(s)
     proposals = [draft(drafter, s) for s in states]
     logits, hidden, width = verify(target, states, proposals)
     rounds = []
     for i, (s, p) in enumerate(zip(states, proposals)):
-        rows = s.sampler.process(s.pc.tokens + [s.anchor], p.tokens, logits[i, : len(p) + 1])
+        history = s.pc.tokens + [s.anchor] if s.sampler.processors else None
+        rows = s.sampler.process(history, p.tokens, logits[i, : len(p) + 1])
         accepted, tokens = accept(rows, p, s.sampler, target.kernels)
-        commit(drafter, s, tokens, None if hidden is None else hidden[i : i + 1], width)
+        commit(s, tokens, None if hidden is None else hidden[i : i + 1], width)
         s.lengths.update(len(p), accepted)
         rounds.append(Round(tokens, len(p), accepted))
     return rounds
 
 
+def plan(s: DecodeState, budget: int | None = None) -> int:
+    """The next round's draft length: the controller's choice, within the tokens still wanted."""
+    if s.k is None:
+        s.k = min(s.lengths.next(), max(0, (s.remaining if budget is None else budget) - 1))
+    return s.k
+
+
 def draft(drafter, s: DecodeState) -> Draft:
-    k = s.lengths.next()
-    if drafter is None or k == 0:
+    if drafter is None or s.k == 0:
         return Draft(mx.zeros((0,), mx.int32))
-    return drafter.propose(s.pc.drafter, s.anchor, k, s.sampler)
+    return drafter.propose(s.pc.drafter_state(), s.anchor, s.k, s.sampler)
 
 
 def verify(target, states: list[DecodeState], proposals: list[Draft]):
@@ -111,10 +127,45 @@ def verify(target, states: list[DecodeState], proposals: list[Draft]):
     return logits, hidden, width
 
 
-def commit(drafter, s: DecodeState, tokens: list[int], hidden, width: int) -> None:
+def commit(s: DecodeState, tokens: list[int], hidden, width: int) -> None:
     keep = len(tokens)  # the anchor plus the accepted drafts (the bonus is the next anchor)
     trim(s.pc.target, width - keep)
-    s.pc.tokens += [s.anchor] + tokens[:-1]
-    if drafter is not None:
-        drafter.observe(s.pc.drafter, None if hidden is None else hidden[:, :keep], s.pc.tokens[-keep:])
+    s.pc.add([s.anchor] + tokens[:-1], None if hidden is None else hidden[:, :keep])
     s.anchor = tokens[-1]
+    s.k = None
+
+
+# ----------------------------------------------------------------------------- speculation off
+
+
+def plain_round(target, s: DecodeState) -> Round:
+    """k = 0: plain decoding of one token, run one token ahead as mlx-lm does, so the target's next
+    pass is queued before the host reads this token and the host's work hides behind it."""
+    if s.ahead is None:
+        s.ahead, hidden = advance(target, s, mx.array([s.anchor], mx.int32))
+        s.pc.add([s.anchor], hidden)
+    token, s.ahead = s.ahead, None
+    s.lengths.update(0, 0)
+    s.k = None
+    if s.remaining > 1 and plan(s, s.remaining - 1) == 0:
+        s.ahead, hidden = advance(target, s, token)
+    s.anchor = token.item()
+    if s.ahead is not None:
+        s.pc.add([s.anchor], hidden)
+    return Round([s.anchor], 0, 0)
+
+
+def advance(target, s: DecodeState, token: mx.array) -> tuple[mx.array, mx.array | None]:
+    """Queue the target's pass over one token (its value may not be known yet): the next token, lazily."""
+    logits, hidden = target(token[None], s.pc.target)
+    history = mx.concatenate([mx.array(s.pc.tokens, mx.int32), token]) if s.sampler.processors else None
+    nxt = s.sampler.next_token(history, logits[0])
+    mx.async_eval(nxt)
+    return nxt, hidden
+
+
+def settle(s: DecodeState) -> None:
+    """Back out of running ahead (another request joined): the anchor leaves the cache again."""
+    if s.ahead is not None:
+        s.ahead = None
+        s.pc.truncate(len(s.pc.tokens) - 1)

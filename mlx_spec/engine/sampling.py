@@ -59,11 +59,11 @@ class Sampler:
         )
         self._key = mx.random.key(params.seed) if params.seed is not None else None
 
-    def process(self, history: list[int], drafts: list[int] | mx.array, logits: mx.array) -> mx.array:
+    def process(self, history: list[int] | mx.array, drafts: list[int] | mx.array, logits: mx.array) -> mx.array:
         """Apply processors to verify rows [n, V]; row i sees history + drafts[:i]."""
         if not self.processors:
             return logits
-        base = mx.array(history, dtype=mx.int32)
+        base = history if isinstance(history, mx.array) else mx.array(history, dtype=mx.int32)
         drafts = mx.array(drafts, dtype=mx.int32) if not isinstance(drafts, mx.array) else drafts
         rows = []
         for i in range(logits.shape[0]):
@@ -85,6 +85,11 @@ class Sampler:
         if p.top_k > 0:
             logprobs = apply_top_k(logprobs, p.top_k)
         return mx.softmax(logprobs / p.temperature, axis=-1)
+
+    def next_token(self, history: list[int] | mx.array, logits: mx.array) -> mx.array:
+        """The token after `history` given its logits [1, V], as a lazy int32 array [1]."""
+        row = self.process(history, [], logits)
+        return row.argmax(-1).astype(mx.int32) if self.greedy else self.draw(self.probs(row))
 
     def key(self):
         if self._key is None:
@@ -112,18 +117,19 @@ def accept(logits: mx.array, draft: Draft, sampler: Sampler, kernels=None) -> tu
         _, a, bonus = fused_accept(logits, draft.tokens, kernels)
         out = mx.concatenate([a[None], draft.tokens.astype(mx.int32), bonus[None]]).tolist()
         return out[0], out[1 : 1 + out[0]] + [out[-1]]
-    else:
-        p = sampler.probs(logits)
-        q = draft.q if draft.q is not None else _one_hot(draft.tokens, p.shape[-1])
-        idx = draft.tokens[:, None]
-        p_d = mx.take_along_axis(p[:k], idx, axis=-1)[:, 0]
-        q_d = mx.take_along_axis(q, idx, axis=-1)[:, 0]
-        ok = sampler.uniform(k) * q_d < p_d
-        residual = mx.maximum(p[:k] - q, 0.0)
-        empty = residual.sum(-1, keepdims=True) <= 0
-        residual = mx.where(empty, p[:k], residual)
-        choice = sampler.draw(mx.concatenate([residual / residual.sum(-1, keepdims=True), p[k:]], axis=0))
-    a = mx.cumprod(ok.astype(mx.int32)).sum() if k else mx.array(0)
+    if k == 0:  # nothing to judge: one draw, as plain decoding makes
+        return 0, [sampler.draw(sampler.probs(logits)).item()]
+    p = sampler.probs(logits)
+    q = draft.q if draft.q is not None else _one_hot(draft.tokens, p.shape[-1])
+    idx = draft.tokens[:, None]
+    p_d = mx.take_along_axis(p[:k], idx, axis=-1)[:, 0]
+    q_d = mx.take_along_axis(q, idx, axis=-1)[:, 0]
+    ok = sampler.uniform(k) * q_d < p_d
+    residual = mx.maximum(p[:k] - q, 0.0)
+    empty = residual.sum(-1, keepdims=True) <= 0
+    residual = mx.where(empty, p[:k], residual)
+    choice = sampler.draw(mx.concatenate([residual / residual.sum(-1, keepdims=True), p[k:]], axis=0))
+    a = mx.cumprod(ok.astype(mx.int32)).sum()
     out = mx.concatenate([a[None].astype(mx.int32), draft.tokens.astype(mx.int32), choice]).tolist()
     n = out[0]
     return n, out[1 : 1 + n] + [out[1 + k + n]]
