@@ -32,28 +32,30 @@ PROMPTS = {
 
 
 def edit_prompts() -> list[str]:
-    """Copy-heavy requests: the answer repeats most of the prompt (prompt lookup's home ground)."""
+    """Copy-heavy requests: the answer repeats most of the prompt (prompt lookup's home ground).
+    Code first, then the request: the form the embedded target was trained on."""
     import inspect
+    import textwrap
 
     from .stops import StopMatcher
 
-    code = inspect.getsource(StopMatcher._held)
-    return [f"Rename the variable `best` to `longest` in this function and show the whole function:\n\n"
-            f"```python\n{code}```",
-            f"Add a docstring to this function and return it unchanged otherwise:\n\n```python\n{code}```"]
+    code = textwrap.dedent(inspect.getsource(StopMatcher._held))
+    return [f"```python\n{code}```\n\nRename the variable `best` to `longest` in this function.",
+            f"```python\n{code}```\n\nRewrite this function with a docstring."]
 
 
 def long_context_prompt(tokenizer, n_tokens: int) -> list[dict]:
-    """A long document to summarise, cut to about n_tokens of context."""
+    """A long piece of code to rework, cut to about n_tokens of context."""
     import inspect
 
     import mlx_spec.engine.loop as source
 
     text = inspect.getsource(source)
-    while len(tokenizer.encode(text)) < n_tokens:
-        text += "\n" + text
-    ids = tokenizer.encode(text)[:n_tokens]
-    return [{"role": "user", "content": "Here is a module:\n\n" + tokenizer.decode(ids) + "\n\nSummarise what it does."}]
+    ids = tokenizer.encode(text)
+    while len(ids) < n_tokens:
+        ids += ids
+    code = tokenizer.decode(ids[:n_tokens])
+    return [{"role": "user", "content": f"```python\n{code}\n```\n\nRewrite this code with docstrings."}]
 
 
 @dataclass
@@ -132,11 +134,13 @@ class Row:
     efficiency: float | None = None
     mode: str = "auto"
     mean_draft: float = 0.0
+    tokens: float = 0.0  # median tokens generated per run: a few tokens make a noisy speed
 
 
 def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, block_size: int | None,
                repeats: int, curve=None) -> Row:
-    """Interleaved plain/spec runs over one kind of prompt; medians over prompts x repeats."""
+    """Interleaved plain/spec runs over one kind of prompt; medians over prompts x repeats
+    (the speedup is the median of the paired ratios)."""
     from .generate import encode_prompt
 
     plain, spec, divergences = [], [], []
@@ -161,9 +165,9 @@ def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, bloc
         plain_ttft=med([s.ttft for s in plain]), spec_ttft=med([s.ttft for s in spec]), speedup=0.0, tau=tau,
         acceptance=[med(col) for col in zip(*[s.acceptance for s in spec if s.acceptance])] if spec else [],
         peak_gb=max(s.peak_gb for s in spec), identical=not divergences, divergences=divergences,
-        mean_draft=med([s.mean_draft for s in spec]),
+        mean_draft=med([s.mean_draft for s in spec]), tokens=med([len(s.tokens) for s in spec]),
     )
-    row.speedup = row.spec_decode_tps / max(row.plain_decode_tps, 1e-9)
+    row.speedup = med([b.decode_tps / max(a.decode_tps, 1e-9) for a, b in zip(plain, spec)])  # pairwise: drift cancels
     if curve is not None and block_size:
         k = min(block_size - 1, curve.max_drafts)
         row.bound = tau * curve.verify[0] / curve.pass_time(k)

@@ -161,7 +161,19 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 5) -
             propose = lambda: mx.eval(model.drafter.propose(pc.drafter_state(), ids[-1], k, greedy).tokens)  # noqa: E731
             curve.draft.append(_timed(propose, repeats))
     curve.rounds = measure_rounds(model, pc, greedy, max_width - 1 if model.drafter is not None else 0, repeats)
-    return curve
+    return CostCurve(*(monotone(ts) for ts in (curve.verify, curve.draft, curve.rounds)))
+
+
+def monotone(times: list[float]) -> list[float]:
+    """The closest non-decreasing sequence (pool adjacent violators): more tokens never cost less,
+    so a dip is timing noise, and a noisy dip would lure the controller."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for t in times:
+        blocks.append([t, 1])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m1, n1), (m2, n2) = blocks.pop(-2), blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return [m for m, n in blocks for _ in range(n)]
 
 
 def measure_rounds(model, pc, sampler, max_k: int, repeats: int) -> list[float]:
@@ -191,7 +203,8 @@ def curve_key(model) -> str:
 
     dtype = tree_flatten(model.model.parameters())[0][1].dtype
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
-             str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", "")]
+             str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
+             f"eval_every={model.target.eval_every}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

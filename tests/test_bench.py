@@ -9,7 +9,8 @@ import mlx_spec
 from mlx_spec import bench
 
 SCHEMA_KEYS = {"kind", "block", "plain_decode_tps", "spec_decode_tps", "plain_e2e_tps", "spec_e2e_tps", "plain_ttft",
-               "spec_ttft", "speedup", "tau", "acceptance", "peak_gb", "identical", "divergences", "bound", "efficiency", "mode", "mean_draft"}
+               "spec_ttft", "speedup", "tau", "acceptance", "peak_gb", "identical", "divergences", "bound", "efficiency", "mode", "mean_draft",
+               "tokens"}
 
 
 def test_first_divergence():

@@ -4,7 +4,7 @@ import pytest
 
 import mlx_spec
 from mlx_spec.calibrate import (AcceptanceMemory, AdaptiveLength, CostCurve, best_length, calibrated_curve,
-                                expected_tokens)
+                                expected_tokens, monotone)
 
 FLAT = CostCurve(verify=[1.0, 1.02, 1.05, 1.07, 1.1, 1.15, 1.2, 1.25, 1.3], draft=[0.05] * 8)  # Apple-like
 STEEP = CostCurve(verify=[1.0 * m for m in range(1, 10)], draft=[0.1 * (k + 1) for k in range(8)])  # stock CPU BLAS
@@ -119,3 +119,8 @@ def test_memory_warm_starts_the_next_request():
         first.update(k, k)
     assert memory.alphas and min(memory.alphas) > 0.9
     assert AdaptiveLength(mild, max_k=8, memory=memory).next() > cold
+
+
+def test_measured_curves_are_made_monotone():
+    assert monotone([1.0, 0.98, 1.21, 1.03, 1.17]) == pytest.approx([0.99, 0.99, 1.12, 1.12, 1.17])
+    assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0] and monotone([]) == []

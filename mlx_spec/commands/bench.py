@@ -111,17 +111,22 @@ def show(rows, meta) -> None:
     from rich.table import Table
 
     t = Table(title=f"mlx-spec bench — {meta.get('model')} ({meta.get('device')})")
-    for col in ("kind", "mode", "block", "drafts/round", "plain tok/s", "spec tok/s", "speedup", "τ", "e2e speedup", "TTFT plain/spec ms",
-                "acceptance by position", "peak GB", "identical", "efficiency"):
+    for col in ("kind", "mode", "block", "drafts/round", "tokens", "plain tok/s", "spec tok/s", "speedup", "τ", "e2e speedup",
+                "TTFT plain/spec ms", "acceptance by position", "peak GB", "identical", "efficiency"):
         t.add_column(col)
     for r in rows:
         e2e = r.spec_e2e_tps / r.plain_e2e_tps if r.plain_e2e_tps else 0
-        t.add_row(r.kind, r.mode, r.block, f"{r.mean_draft:.1f}", f"{r.plain_decode_tps:.1f}", f"{r.spec_decode_tps:.1f}", f"{r.speedup:.2f}x",
+        few = " (few: noisy)" if r.tokens < 16 else ""
+        t.add_row(r.kind, r.mode, r.block, f"{r.mean_draft:.1f}", f"{r.tokens:.0f}{few}", f"{r.plain_decode_tps:.1f}",
+                  f"{r.spec_decode_tps:.1f}", f"{r.speedup:.2f}x",
                   f"{r.tau:.2f}", f"{e2e:.2f}x", f"{r.plain_ttft * 1e3:.0f}/{r.spec_ttft * 1e3:.0f}",
                   " ".join(f"{a:.2f}" for a in r.acceptance[:8]), f"{r.peak_gb:.3f}",
                   "yes" if r.identical else f"NO (first at {r.divergences[0]})",
                   f"{r.efficiency:.2f}" if r.efficiency else "")
-    Console().print(t)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a file: do not squeeze 15 columns into 80
+        console = Console(width=200)
+    console.print(t)
     curve = meta.get("cost_curve", {})
-    Console().print("cost curve t(M)/t(1), M=1…: " + " ".join(f"{x:.2f}" for x in curve.get("verify_ratio", [])))
-    Console().print("measured round / plain step, k=0… drafts: " + " ".join(f"{x:.2f}" for x in curve.get("round_ratio", [])))
+    console.print("cost curve t(M)/t(1), M=1…: " + " ".join(f"{x:.2f}" for x in curve.get("verify_ratio", [])))
+    console.print("measured round / plain step, k=0… drafts: " + " ".join(f"{x:.2f}" for x in curve.get("round_ratio", [])))

@@ -107,7 +107,9 @@ def plan(s: DecodeState, budget: int | None = None) -> int:
 def draft(drafter, s: DecodeState) -> Draft:
     if drafter is None or s.k == 0:
         return Draft(mx.zeros((0,), mx.int32))
-    return drafter.propose(s.pc.drafter_state(), s.anchor, s.k, s.sampler)
+    proposal = drafter.propose(s.pc.drafter_state(), s.anchor, s.k, s.sampler)
+    mx.async_eval(proposal.tokens)  # the drafter runs while the host builds the verify pass
+    return proposal
 
 
 def verify(target, states: list[DecodeState], proposals: list[Draft]):
