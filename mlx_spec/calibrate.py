@@ -75,12 +75,16 @@ class AdaptiveLength:
     data leans on the one before it (acceptance rarely jumps between neighbours), so deeper
     drafts get tried and corrected. While speculation is off, a probe round keeps the estimates
     honest: after `probe_every` rounds off, then twice as long each time it finds nothing
-    (up to `max_probe_every`), since on a steep curve every probe costs.
+    (up to `max_probe_every`), since every probe costs. Where even `hopeful` acceptance at every
+    position would not pay (a steep curve), it never probes.
     """
 
     def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.6, weight: float = 2.0, decay: float = 0.95,
-                 probe_every: int = 32, max_probe_every: int = 512, memory: AcceptanceMemory | None = None):
+                 probe_every: int = 48, max_probe_every: int = 512, memory: AcceptanceMemory | None = None,
+                 hopeful: float = 0.9):
         self.curve, self.max_k = curve, min(max_k, curve.max_drafts)
+        self.can_pay = best_length(curve, [hopeful] * self.max_k, self.max_k) > 0
+        self._choice: int | None = None  # best_length for the current counts (they change only when drafting)
         self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
         self.prior, self.weight, self.decay = prior, weight, decay
         self.probe_every, self.max_probe_every, self.interval = probe_every, max_probe_every, probe_every
@@ -98,12 +102,14 @@ class AdaptiveLength:
         return alphas
 
     def next(self) -> int:
-        k = best_length(self.curve, self.estimates(), self.max_k)
+        if self._choice is None:
+            self._choice = best_length(self.curve, self.estimates(), self.max_k)
+        k = self._choice
         if k:
             self.interval = self.probe_every
         else:
             self.rounds_off += 1
-            if self.rounds_off >= self.interval and self.max_k:
+            if self.rounds_off >= self.interval and self.max_k and self.can_pay:
                 self.rounds_off, k = 0, 1
                 self.interval = min(2 * self.interval, self.max_probe_every)
         return k
@@ -112,6 +118,7 @@ class AdaptiveLength:
         if not drafted:  # a plain round tells nothing about acceptance: keep the estimates as they are
             return
         judged = min(drafted, accepted + 1)  # positions that were actually verified
+        self._choice = None
         self.hits = [h * self.decay for h in self.hits]
         self.trials = [t * self.decay for t in self.trials]
         for i in range(judged):

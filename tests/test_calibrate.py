@@ -87,7 +87,8 @@ def test_measured_rounds_override_the_ideal_pass_time():
 
 
 def test_probes_back_off_while_they_find_nothing():
-    c = AdaptiveLength(STEEP, max_k=8, probe_every=4, max_probe_every=16)
+    hard = CostCurve(verify=[1.0 + 0.6 * m for m in range(9)], draft=[0.1] * 8)  # pays only at high acceptance
+    c = AdaptiveLength(hard, max_k=8, probe_every=4, max_probe_every=16)
     probes = []
     for r in range(100):
         k = c.next()
@@ -124,3 +125,12 @@ def test_memory_warm_starts_the_next_request():
 def test_measured_curves_are_made_monotone():
     assert monotone([1.0, 0.98, 1.21, 1.03, 1.17]) == pytest.approx([0.99, 0.99, 1.12, 1.12, 1.17])
     assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0] and monotone([]) == []
+
+
+def test_no_probes_where_even_high_acceptance_would_not_pay():
+    c = AdaptiveLength(STEEP, max_k=8, probe_every=2)
+    assert not c.can_pay
+    for _ in range(100):
+        k = c.next()
+        assert k == 0
+        c.update(k, 0)
