@@ -59,6 +59,7 @@ class DecodeState:
     remaining: int = 1 << 30  # tokens the caller still wants: caps drafts and running ahead
     k: int | None = None  # drafts planned for the next round
     ahead: mx.array | None = None
+    key_before_ahead: mx.array | None = None  # the sampler's key before running ahead, to back out exactly
 
 
 def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iterator[int | Round]:
@@ -73,8 +74,10 @@ def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iter
         pc.add(piece, hidden)
         eval_state(pc)
         yield done + i + len(piece)
-    s.anchor = s.sampler.next_token(pc.tokens, logits[0, -1:]).item()
-    yield Round([s.anchor], 0, 0)
+    # The prompt's last token is in the cache and the first token is on its way: the state of
+    # plain decoding running ahead, so a first plain round is queued before the first token is read.
+    s.anchor, s.ahead = pc.tokens[-1], s.sampler.next_token(pc.tokens, logits[0, -1:])
+    yield plain_round(target, s)
 
 
 def step(target, drafter, states: list[DecodeState]) -> list[Round]:
@@ -150,6 +153,7 @@ def plain_round(target, s: DecodeState) -> Round:
     s.lengths.update(0, 0)
     s.k = None
     if s.remaining > 1 and plan(s, s.remaining - 1) == 0:
+        s.key_before_ahead = s.sampler.rng_state
         s.ahead, hidden = advance(target, s, token)
     s.anchor = token.item()
     if s.ahead is not None:
@@ -170,4 +174,5 @@ def settle(s: DecodeState) -> None:
     """Back out of running ahead (another request joined): the anchor leaves the cache again."""
     if s.ahead is not None:
         s.ahead = None
+        s.sampler.rng_state = s.key_before_ahead
         s.pc.truncate(len(s.pc.tokens) - 1)

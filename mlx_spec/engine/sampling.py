@@ -91,6 +91,15 @@ class Sampler:
         row = self.process(history, [], logits)
         return row.argmax(-1).astype(mx.int32) if self.greedy else self.draw(self.probs(row))
 
+    @property
+    def rng_state(self):
+        """The seeded key stream's position (None when unseeded), to undo draws that are backed out."""
+        return self._key
+
+    @rng_state.setter
+    def rng_state(self, key) -> None:
+        self._key = key
+
     def key(self):
         if self._key is None:
             return None
