@@ -54,10 +54,15 @@ def expected_tokens(alphas: list[float], k: int) -> float:
     return total
 
 
-def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None) -> int:
-    """The draft length with the highest expected tokens per second (0 = plain decoding)."""
+def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None, margin: float = 0.0) -> int:
+    """The draft length with the highest expected tokens per second (0 = plain decoding); drafting must
+    beat plain decoding by `margin` (a fraction) to be chosen."""
     top = min(curve.max_drafts, len(alphas), max_k if max_k is not None else 1 << 30)
-    return max(range(top + 1), key=lambda k: (expected_tokens(alphas, k) / curve.round_time(k), -k))
+
+    def speed(k):
+        return expected_tokens(alphas, k) / curve.round_time(k) / (1 + margin if k else 1)
+
+    return max(range(top + 1), key=lambda k: (speed(k), -k))
 
 
 @dataclass
@@ -73,7 +78,8 @@ class AdaptiveLength:
     alpha_i = (hits_i + w * alpha_{i-1}) / (trials_i + w) over the rounds that judged position i,
     with counts decayed each drafting round so the estimate follows the text: a position with little
     data leans on the one before it (acceptance rarely jumps between neighbours), so deeper
-    drafts get tried and corrected. While speculation is off, a probe round keeps the estimates
+    drafts get tried and corrected; while drafting, a position just past the chosen length whose
+    evidence has decayed away is drafted too now and then. While speculation is off, a probe round keeps the estimates
     honest: after `probe_every` rounds off, then twice as long each time it finds nothing
     (up to `max_probe_every`), since every probe costs. Where even `hopeful` acceptance at every
     position would not pay (a steep curve), it never probes.
@@ -81,9 +87,11 @@ class AdaptiveLength:
 
     def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.6, weight: float = 2.0, decay: float = 0.95,
                  probe_every: int = 48, max_probe_every: int = 512, memory: AcceptanceMemory | None = None,
-                 hopeful: float = 0.9):
+                 hopeful: float = 0.9, margin: float = 0.05, explore_below: float = 0.5):
         self.curve, self.max_k = curve, min(max_k, curve.max_drafts)
-        self.can_pay = best_length(curve, [hopeful] * self.max_k, self.max_k) > 0
+        self.explore_below = explore_below  # effective recent trials under which the next position is explored
+        self.margin = margin  # the cost model's error: a predicted gain smaller than this is not worth the risk
+        self.can_pay = best_length(curve, [hopeful] * self.max_k, self.max_k, margin) > 0
         self._choice: int | None = None  # best_length for the current counts (they change only when drafting)
         self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
         self.prior, self.weight, self.decay = prior, weight, decay
@@ -103,10 +111,12 @@ class AdaptiveLength:
 
     def next(self) -> int:
         if self._choice is None:
-            self._choice = best_length(self.curve, self.estimates(), self.max_k)
+            self._choice = best_length(self.curve, self.estimates(), self.max_k, self.margin)
         k = self._choice
         if k:
             self.interval = self.probe_every
+            if k < self.max_k and self.trials[k] < self.explore_below:
+                k += 1  # little recent evidence one position deeper: draft it too, so a longer block can win
         else:
             self.rounds_off += 1
             if self.rounds_off >= self.interval and self.max_k and self.can_pay:

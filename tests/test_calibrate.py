@@ -134,3 +134,10 @@ def test_no_probes_where_even_high_acceptance_would_not_pay():
         k = c.next()
         assert k == 0
         c.update(k, 0)
+
+
+def test_drafting_must_beat_plain_by_the_margin():
+    curve = CostCurve(verify=[1.0, 1.3], draft=[0.05])
+    alphas = [0.4]  # 1.4 tokens per 1.35 steps: a 3.7% predicted gain
+    assert best_length(curve, alphas) == 1 and best_length(curve, alphas, margin=0.05) == 0
+    assert best_length(curve, [0.6], margin=0.05) == 1
