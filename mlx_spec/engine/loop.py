@@ -68,12 +68,16 @@ def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iter
     pc = s.pc
     done = pc.reuse(prompt)
     rest = prompt[done:]
-    for i in range(0, len(rest), chunk):
-        piece = rest[i : i + chunk]
-        logits, hidden = target(mx.array([piece]), pc.target)
+    # All but the last token only fill the cache; the last goes alone, so that only its logits are
+    # computed (as mlx-lm does): a [chunk, vocab] LM-head product is no small cost.
+    for i in range(0, len(rest) - 1, chunk):
+        piece = rest[i : min(i + chunk, len(rest) - 1)]
+        _, hidden = target(mx.array([piece]), pc.target)
         pc.add(piece, hidden)
         eval_state(pc)
         yield done + i + len(piece)
+    logits, hidden = target(mx.array([rest[-1:]]), pc.target)
+    pc.add(rest[-1:], hidden)
     # The prompt's last token is in the cache and the first token is on its way: the state of
     # plain decoding running ahead, so a first plain round is queued before the first token is read.
     s.anchor, s.ahead = pc.tokens[-1], s.sampler.next_token(pc.tokens, logits[0, -1:])
