@@ -74,7 +74,7 @@ def _banner(chat) -> None:
     s, out = chat.session, chat.out
     pair = s.model.target_path.name if s.model.target_path.name != "target" else str(s.model.target_path)
     if s.drafter is not None:
-        pair += f" + drafter ({s.block_label(chat.settings)})"
+        pair += f" + drafter, {s.block_label(chat.settings)}"
     else:
         pair += ", no drafter"
     base = f" · plain decoding {s.baseline_tps:.1f} tok/s" if s.baseline_tps else ""
