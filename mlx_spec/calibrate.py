@@ -1,10 +1,8 @@
-"""Cost curves and the draft-length controller: speculate only as far as it pays.
+"""Cost curves: what a verify pass, a drafter pass and a whole loop round cost on this machine.
 
-Speed of a round with k drafts is E[tokens | k] / t_round(k), where E[tokens | k] =
-1 + sum_j prod_{i<=j} alpha_i and alpha_i is the chance draft i is accepted given the ones
-before it were. t_round(k) is measured through the real loop, host work included (ideally
-t_verify(k+1) + t_draft(k)); k = 0 is plain decoding. Where verify cost grows steeply with
-width (MLX's stock Linux CPU wheel), the controller picks short drafts or none.
+Measured once per model (a few seconds) and cached on disk; the draft-length controller
+(`controller.py`) chooses from them. Round costs are measured through the real loop, host work
+included (ideally a round costs t_verify(k+1) + t_draft(k)).
 """
 
 from __future__ import annotations
@@ -46,101 +44,6 @@ class CostCurve:
         return [t / self.rounds[0] for t in self.rounds]
 
 
-def expected_tokens(alphas: list[float], k: int) -> float:
-    total, survive = 1.0, 1.0
-    for a in alphas[:k]:
-        survive *= a
-        total += survive
-    return total
-
-
-def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None, margin: float = 0.0) -> int:
-    """The draft length with the highest expected tokens per second (0 = plain decoding); drafting must
-    beat plain decoding by `margin` (a fraction) to be chosen."""
-    top = min(curve.max_drafts, len(alphas), max_k if max_k is not None else 1 << 30)
-
-    def speed(k):
-        return expected_tokens(alphas, k) / curve.round_time(k) / (1 + margin if k else 1)
-
-    return max(range(top + 1), key=lambda k: (speed(k), -k))
-
-
-@dataclass
-class AcceptanceMemory:
-    """Acceptance estimates that outlive a request, so the next one with this pair starts from them."""
-
-    alphas: list[float] | None = None
-
-
-class AdaptiveLength:
-    """Chooses k each round from the cost curve and running acceptance estimates.
-
-    alpha_i = (hits_i + w * alpha_{i-1}) / (trials_i + w) over the rounds that judged position i,
-    with counts decayed each drafting round so the estimate follows the text: a position with little
-    data leans on the one before it (acceptance rarely jumps between neighbours), so deeper
-    drafts get tried and corrected; while drafting, a position just past the chosen length whose
-    evidence has decayed away is drafted too now and then. While speculation is off, a probe round keeps the estimates
-    honest: after `probe_every` rounds off, then twice as long each time it finds nothing
-    (up to `max_probe_every`), since every probe costs. Where even `hopeful` acceptance at every
-    position would not pay (a steep curve), it never probes.
-    """
-
-    def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.6, weight: float = 2.0, decay: float = 0.95,
-                 probe_every: int = 48, max_probe_every: int = 512, memory: AcceptanceMemory | None = None,
-                 hopeful: float = 0.9, margin: float = 0.05, explore_below: float = 0.5):
-        self.curve, self.max_k = curve, min(max_k, curve.max_drafts)
-        self.explore_below = explore_below  # effective recent trials under which the next position is explored
-        self.margin = margin  # the cost model's error: a predicted gain smaller than this is not worth the risk
-        self.can_pay = best_length(curve, [hopeful] * self.max_k, self.max_k, margin) > 0
-        self._choice: int | None = None  # best_length for the current counts (they change only when drafting)
-        self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
-        self.prior, self.weight, self.decay = prior, weight, decay
-        self.probe_every, self.max_probe_every, self.interval = probe_every, max_probe_every, probe_every
-        self.rounds_off = 0
-        self.memory = memory
-        if memory is not None and memory.alphas:  # start from the last request's estimates, lightly held
-            for i, a in enumerate(memory.alphas[: self.max_k]):
-                self.hits[i], self.trials[i] = a * weight, weight
-
-    def estimates(self) -> list[float]:
-        alphas, before = [], self.prior
-        for h, t in zip(self.hits, self.trials):
-            before = (h + self.weight * before) / (t + self.weight)
-            alphas.append(before)
-        return alphas
-
-    def next(self) -> int:
-        if self._choice is None:
-            self._choice = best_length(self.curve, self.estimates(), self.max_k, self.margin)
-        k = self._choice
-        if k:
-            self.interval = self.probe_every
-            if k < self.max_k and self.trials[k] < self.explore_below:
-                k += 1  # little recent evidence one position deeper: draft it too, so a longer block can win
-        else:
-            self.rounds_off += 1
-            if self.rounds_off >= self.interval and self.max_k and self.can_pay:
-                self.rounds_off, k = 0, 1
-                self.interval = min(2 * self.interval, self.max_probe_every)
-        return k
-
-    def update(self, drafted: int, accepted: int) -> None:
-        if not drafted:  # a plain round tells nothing about acceptance: keep the estimates as they are
-            return
-        judged = min(drafted, accepted + 1)  # positions that were actually verified
-        self._choice = None
-        self.hits = [h * self.decay for h in self.hits]
-        self.trials = [t * self.decay for t in self.trials]
-        for i in range(judged):
-            self.trials[i] += 1
-            self.hits[i] += i < accepted
-        if self.memory is not None and judged:
-            self.memory.alphas = self.estimates()
-
-
-# ----------------------------------------------------------------------------- measuring
-
-
 def _timed(fn, repeats: int) -> float:
     fn()  # warm-up
     times = []
@@ -151,7 +54,7 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def measure_curve(model, max_width: int, context: int = 256, repeats: int = 5) -> CostCurve:
+def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -> CostCurve:
     """Time the target over M = 1..max_width new tokens after `context` cached ones, the drafter,
     and whole loop rounds with k = 0..max_width-1 drafts."""
     from .engine.cache import PromptCache, trim

@@ -108,7 +108,8 @@ def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
         raise ContextOverflowError(len(ids), max_tokens, model.context_length)
     max_tokens = min(max_tokens, model.context_length - len(ids))
     pc = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    lengths = draft_lengths if draft_lengths is not None else choose_lengths(model, block_size, adaptive)
+    reproducible = sampling.seed is not None and sampling.temperature > 0
+    lengths = draft_lengths if draft_lengths is not None else choose_lengths(model, block_size, adaptive, reproducible)
     return Generation(model, tokenizer, ids, max_tokens, Sampler(sampling, vocab_size=_vocab(model)), stop or [], pc,
                       lengths)
 
@@ -129,15 +130,22 @@ def stream_generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, **k
         yield step_all(model, [g])[0]
 
 
-def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool):
+def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool, reproducible: bool = False):
+    """Fixed draft lengths, or the adaptive controller. `reproducible` (a seeded sampled request, whose
+    output depends on the draft lengths): lengths that depend on the request alone, not on timing or
+    on earlier requests."""
     drafter = model.drafter
     if drafter is None:
         return FixedLength(0)
     if block_size is not None or not adaptive:
         return FixedLength(max(0, (block_size or drafter.block_size) - 1))
-    from .calibrate import AdaptiveLength, calibrated_curve
+    from .calibrate import calibrated_curve
+    from .controller import AdaptiveLength
 
-    return AdaptiveLength(calibrated_curve(model, drafter.block_size), drafter.block_size - 1, memory=model.memory)
+    curve = calibrated_curve(model, drafter.block_size)
+    if reproducible:
+        return AdaptiveLength(curve, drafter.block_size - 1, clock=None)
+    return AdaptiveLength(curve, drafter.block_size - 1, memory=model.memory)
 
 
 class Generation:

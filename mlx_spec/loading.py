@@ -13,7 +13,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import models as registry_pkg
-from .calibrate import AcceptanceMemory
+from .controller import ControllerMemory
 from .errors import LoadError
 
 WEIGHT_GLOB = "model*.safetensors"
@@ -29,7 +29,7 @@ class Loaded:
     target_path: Path
     drafter_path: Path | None
     config: dict
-    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)  # the controller's, across requests
+    memory: ControllerMemory = field(default_factory=ControllerMemory)  # the controller's, across requests
 
     @property
     def model(self) -> nn.Module:

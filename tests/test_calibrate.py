@@ -3,8 +3,8 @@
 import pytest
 
 import mlx_spec
-from mlx_spec.calibrate import (AcceptanceMemory, AdaptiveLength, CostCurve, best_length, calibrated_curve,
-                                expected_tokens, monotone)
+from mlx_spec.calibrate import CostCurve, calibrated_curve, monotone
+from mlx_spec.controller import AdaptiveLength, ControllerMemory, best_length, expected_tokens
 
 FLAT = CostCurve(verify=[1.0, 1.02, 1.05, 1.07, 1.1, 1.15, 1.2, 1.25, 1.3], draft=[0.05] * 8)  # Apple-like
 STEEP = CostCurve(verify=[1.0 * m for m in range(1, 10)], draft=[0.1 * (k + 1) for k in range(8)])  # stock CPU BLAS
@@ -112,7 +112,7 @@ def test_probe_interval_resets_once_speculation_pays_again():
 
 def test_memory_warm_starts_the_next_request():
     mild = CostCurve(verify=[1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9, 2.05, 2.2], draft=[0.05] * 8)
-    memory = AcceptanceMemory()
+    memory = ControllerMemory()
     first = AdaptiveLength(mild, max_k=8, memory=memory)
     cold = first.next()
     for _ in range(50):
@@ -141,3 +141,61 @@ def test_drafting_must_beat_plain_by_the_margin():
     alphas = [0.4]  # 1.4 tokens per 1.35 steps: a 3.7% predicted gain
     assert best_length(curve, alphas) == 1 and best_length(curve, alphas, margin=0.05) == 0
     assert best_length(curve, [0.6], margin=0.05) == 1
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def run_rounds(c, clock, n, cost, accept):
+    """n rounds whose real duration is cost(k) and that accept `accept` of each draft's positions."""
+    ks = []
+    for _ in range(n):
+        k = c.next()
+        clock.now += cost(k)
+        c.update(k, min(k, accept))
+        ks.append(k)
+    return ks
+
+
+def test_rounds_dearer_than_calibrated_turn_drafting_off():
+    curve = CostCurve(verify=[1.0, 1.1, 1.2, 1.3, 1.4], draft=[0.05] * 4)
+    clock = FakeClock()
+    c = AdaptiveLength(curve, max_k=4, clock=clock)
+    ks = run_rounds(c, clock, 10, curve.round_time, accept=1)  # as calibrated: about 1.8 tokens per round pays
+    assert ks[-1] > 0
+    # The same rounds now take twice as long (a longer context, a busy machine): plain decoding wins.
+    ks = run_rounds(c, clock, 60, lambda k: curve.round_time(k) * (2 if k else 1), accept=1)
+    assert ks[-30:].count(0) >= 29  # off, but for a probe
+    assert c.cost_scale[1] > 1.5 and c.cost_scale[0] == pytest.approx(1.0)
+
+
+def test_cost_scales_follow_real_rounds_ignore_pauses_and_carry_over():
+    curve = CostCurve(verify=[1.0, 1.3, 1.6, 1.9, 2.2], draft=[0.05] * 4)
+    memory, clock = ControllerMemory(), FakeClock()
+    c = AdaptiveLength(curve, max_k=4, clock=clock, memory=memory)
+    half = lambda k: curve.round_time(k) * (0.5 if k else 1.0)  # noqa: E731
+    run_rounds(c, clock, 40, half, accept=4)
+    assert c.cost_scale[1] == pytest.approx(0.5, abs=0.05)
+    clock.now += 100.0  # a pause between rounds is not a round's cost
+    run_rounds(c, clock, 1, half, accept=4)
+    assert c.cost_scale[1] == pytest.approx(0.5, abs=0.05)
+    assert memory.cost_scale == c.cost_scale  # the next request starts from what this one learnt
+    # Where the calibrated curve says plain, drafting rounds known to cost half make it pay.
+    steep = CostCurve(verify=[1.0, 1.9, 2.8], draft=[0.1, 0.2])
+    assert AdaptiveLength(steep, max_k=2, prior=0.9).next() == 0
+    assert AdaptiveLength(steep, max_k=2, prior=0.9, memory=ControllerMemory(cost_scale=[1.0, 0.5])).next() > 0
+
+
+def test_seeded_sampling_is_reproducible_under_the_adaptive_controller(target_dir, drafter_dir):
+    """A seeded sample depends on the draft lengths, so those must not depend on timing or history."""
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    kw = dict(temperature=1.0, top_k=50, seed=5)
+    first = mlx_spec.generate(model, tok, "def add(a, b):", 30, **kw)
+    mlx_spec.generate(model, tok, "Hello, how are you", 30)  # a greedy request teaches the shared memory
+    model.memory.cost_scale = [1.0, 0.3]
+    assert mlx_spec.generate(model, tok, "def add(a, b):", 30, **kw) == first

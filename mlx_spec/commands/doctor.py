@@ -36,7 +36,8 @@ def facts() -> dict:
 
 
 def run(args) -> int:
-    from ..calibrate import best_length, calibrated_curve
+    from ..calibrate import calibrated_curve
+    from ..controller import best_length
     from .common import load_from
 
     info = facts()

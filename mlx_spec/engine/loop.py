@@ -154,7 +154,6 @@ def plain_round(target, s: DecodeState) -> Round:
         s.ahead, hidden = advance(target, s, mx.array([s.anchor], mx.int32))
         s.pc.add([s.anchor], hidden)
     token, s.ahead = s.ahead, None
-    s.lengths.update(0, 0)
     s.k = None
     if s.remaining > 1 and plan(s, s.remaining - 1) == 0:
         s.key_before_ahead = s.sampler.rng_state
@@ -162,6 +161,7 @@ def plain_round(target, s: DecodeState) -> Round:
     s.anchor = token.item()
     if s.ahead is not None:
         s.pc.add([s.anchor], hidden)
+    s.lengths.update(0, 0)  # after the token is read: the round ends here, as a drafting round does
     return Round([s.anchor], 0, 0)
 
 

@@ -1,0 +1,145 @@
+"""The draft-length controller: speculate only as far as it pays.
+
+Speed of a round with k drafts is E[tokens | k] / t_round(k), where E[tokens | k] =
+1 + sum_j prod_{i<=j} alpha_i and alpha_i is the chance draft i is accepted given the ones
+before it were. t_round(k) is the calibrated round cost, rescaled by what rounds really take
+in this run; k = 0 is plain decoding. Where verify cost grows steeply with width (MLX's stock
+Linux CPU wheel), the controller picks short drafts or none.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .calibrate import CostCurve
+
+
+def expected_tokens(alphas: list[float], k: int) -> float:
+    total, survive = 1.0, 1.0
+    for a in alphas[:k]:
+        survive *= a
+        total += survive
+    return total
+
+
+def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None, margin: float = 0.0,
+                cost: Callable[[int], float] | None = None) -> int:
+    """The draft length with the highest expected tokens per second (0 = plain decoding); drafting must
+    beat plain decoding by `margin` (a fraction) to be chosen. `cost(k)`: round time (default: the curve's)."""
+    top = min(curve.max_drafts, len(alphas), max_k if max_k is not None else 1 << 30)
+    cost = cost or curve.round_time
+
+    def speed(k):
+        return expected_tokens(alphas, k) / cost(k) / (1 + margin if k else 1)
+
+    return max(range(top + 1), key=lambda k: (speed(k), -k))
+
+
+@dataclass
+class ControllerMemory:
+    """What a request learnt that the next one with this pair starts from."""
+
+    alphas: list[float] | None = None  # acceptance estimates per draft position
+    cost_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # plain, drafting: real / calibrated
+
+
+class AdaptiveLength:
+    """Chooses k each round from the cost curve and running acceptance estimates.
+
+    alpha_i = (hits_i + w * alpha_{i-1}) / (trials_i + w) over the rounds that judged position i,
+    with counts decayed each drafting round so the estimate follows the text: a position with little
+    data leans on the one before it (acceptance rarely jumps between neighbours), so deeper
+    drafts get tried and corrected; while drafting, a position just past the chosen length whose
+    evidence has decayed away is drafted too now and then. While speculation is off, a probe round
+    keeps the estimates honest: after `probe_every` rounds off, then twice as long each time it
+    finds nothing (up to `max_probe_every`), since every probe costs. Where even `hopeful`
+    acceptance at every position would not pay (a steep curve), it never probes.
+
+    Costs: the time from one round's end to the next (the caller's work included) is compared
+    with the curve, and plain and drafting rounds each get a running scale factor, so a curve
+    measured at another context length or machine load still ranks k right. Only a round of the
+    same kind as the one before counts: the steady state the curve measured. `clock=None` keeps
+    the costs as calibrated (draft lengths that depend on acceptance alone).
+    """
+
+    def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.6, weight: float = 2.0, decay: float = 0.95,
+                 probe_every: int = 48, max_probe_every: int = 512, memory: ControllerMemory | None = None,
+                 hopeful: float = 0.9, margin: float = 0.05, explore_below: float = 1.0, follow: float = 0.1,
+                 clock: Callable[[], float] | None = time.perf_counter):
+        self.curve, self.max_k = curve, min(max_k, curve.max_drafts)
+        self.clock, self.follow, self._tick, self._last_k = clock, follow, None, None
+        self.cost_scale = list(memory.cost_scale) if memory is not None else [1.0, 1.0]
+        self._scale_chosen = list(self.cost_scale)
+        self.explore_below = explore_below  # effective recent trials under which the next position is explored
+        self.margin = margin  # the cost model's error: a predicted gain smaller than this is not worth the risk
+        self.can_pay = best_length(curve, [hopeful] * self.max_k, self.max_k, margin) > 0
+        self._choice: int | None = None  # best_length for the current counts (they change only when drafting)
+        self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
+        self.prior, self.weight, self.decay = prior, weight, decay
+        self.probe_every, self.max_probe_every, self.interval = probe_every, max_probe_every, probe_every
+        self.rounds_off = 0
+        self.memory = memory
+        if memory is not None and memory.alphas:  # start from the last request's estimates, lightly held
+            for i, a in enumerate(memory.alphas[: self.max_k]):
+                self.hits[i], self.trials[i] = a * weight, weight
+
+    def estimates(self) -> list[float]:
+        alphas, before = [], self.prior
+        for h, t in zip(self.hits, self.trials):
+            before = (h + self.weight * before) / (t + self.weight)
+            alphas.append(before)
+        return alphas
+
+    def round_time(self, k: int) -> float:
+        return self.curve.round_time(k) * self.cost_scale[k > 0]
+
+    def next(self) -> int:
+        if self._choice is None:
+            self._choice = best_length(self.curve, self.estimates(), self.max_k, self.margin, self.round_time)
+            self._scale_chosen = list(self.cost_scale)
+        k = self._choice
+        if k:
+            self.interval = self.probe_every
+            if k < self.max_k and self.trials[k] < self.explore_below:
+                k += 1  # little recent evidence one position deeper: draft it too, so a longer block can win
+        else:
+            self.rounds_off += 1
+            if self.rounds_off >= self.interval and self.max_k and self.can_pay:
+                self.rounds_off, k = 0, 1
+                self.interval = min(2 * self.interval, self.max_probe_every)
+        return k
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self._time_round(drafted)
+        if not drafted:  # a plain round tells nothing about acceptance: keep the estimates as they are
+            return
+        judged = min(drafted, accepted + 1)  # positions that were actually verified
+        self._choice = None
+        self.hits = [h * self.decay for h in self.hits]
+        self.trials = [t * self.decay for t in self.trials]
+        for i in range(judged):
+            self.trials[i] += 1
+            self.hits[i] += i < accepted
+        if self.memory is not None and judged:
+            self.memory.alphas = self.estimates()
+
+    def _time_round(self, k: int) -> None:
+        if self.clock is None:  # costs as calibrated: the lengths depend on acceptance alone
+            return
+        now = self.clock()
+        last, self._tick = self._tick, now
+        steady = self._last_k is not None and (k > 0) == (self._last_k > 0)
+        self._last_k = k
+        if last is None or not steady:  # a switch costs extra once: the run-ahead restarts, the drafter catches up
+            return
+        ratio = (now - last) / self.curve.round_time(k)
+        if not 0.25 < ratio < 4:  # a pause (a prefill, another request's turn) is not this round's cost
+            return
+        i = int(k > 0)
+        self.cost_scale[i] += self.follow * (ratio - self.cost_scale[i])
+        if abs(self.cost_scale[i] / self._scale_chosen[i] - 1) > 0.02:
+            self._choice = None
+        if self.memory is not None:
+            self.memory.cost_scale = list(self.cost_scale)
