@@ -97,25 +97,27 @@ def monotone(times: list[float]) -> list[float]:
 
 
 def measure_rounds(model, pc, sampler, max_k: int, repeats: int) -> list[float]:
-    """Seconds per round of the real loop with k = 0..max_k drafts (k = 0: pipelined plain decoding)."""
+    """Seconds per round of the real loop with k = 0..max_k drafts (k = 0: pipelined plain decoding).
+
+    The widths take turns within each repetition, so a burst of load on the machine hits all of them
+    rather than skewing one; each k's time is the median over repetitions."""
     from .engine.loop import DecodeState, FixedLength, settle, step
 
     base, anchor = len(pc.tokens), pc.tokens[-1]
-    out = []
-    for k in range(max_k + 1):
-        s = DecodeState(pc, sampler, FixedLength(k), anchor=anchor)
-        run = lambda: step(model.target, model.drafter, [s])  # noqa: E731
-        if k == 0:  # consecutive plain rounds overlap: time a run of them
-            run()
+    times: list[list[float]] = [[] for _ in range(max_k + 1)]
+    for rep in range(repeats + 1):  # the first repetition warms up
+        for k in range(max_k + 1):
+            s = DecodeState(pc, sampler, FixedLength(k), anchor=anchor)
+            step(model.target, model.drafter, [s])  # the steady state: running ahead, the drafter fed
+            n = 4 if k == 0 else 2
             tic = time.perf_counter()
-            for _ in range(2 * repeats):
-                run()
-            out.append((time.perf_counter() - tic) / (2 * repeats))
-        else:
-            out.append(_timed(run, repeats))
-        settle(s)
-        pc.truncate(base)
-    return out
+            for _ in range(n):
+                step(model.target, model.drafter, [s])
+            if rep:
+                times[k].append((time.perf_counter() - tic) / n)
+            settle(s)
+            pc.truncate(base)
+    return [statistics.median(t) for t in times]
 
 
 def curve_key(model) -> str:
@@ -124,7 +126,7 @@ def curve_key(model) -> str:
     dtype = tree_flatten(model.model.parameters())[0][1].dtype
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
-             f"eval_every={model.target.eval_every}"]
+             f"eval_every={model.target.eval_every}", "rounds/2"]  # rounds/2: interleaved round timing
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
