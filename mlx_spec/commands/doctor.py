@@ -49,7 +49,9 @@ def run(args) -> int:
         info["drafter"] = str(model.drafter_path) if model.drafter_path else None
         info["cost_curve"] = {"t1_ms": round(curve.verify[0] * 1e3, 3), "verify_ratio": [round(r, 2) for r in curve.ratios()],
                               "draft_ms": [round(t * 1e3, 3) for t in curve.draft],
-                              "round_ratio": [round(r, 2) for r in curve.round_ratios()]}
+                              "round_ratio": [round(r, 2) for r in curve.round_ratios()],
+                              "host_ms": [round((curve.round_time(k) - curve.pass_time(k)) * 1e3, 3)
+                                          for k in range(1, len(curve.rounds))]}
         if curve.draft:
             info["chosen_length"] = {str(a): best_length(curve, [a] * curve.max_drafts) for a in (0.5, 0.7, 0.9)}
     if args.json:
@@ -76,5 +78,6 @@ def show(info: dict) -> None:
         if c["draft_ms"]:
             t.add_row("draft ms, k=1…", " ".join(f"{x:.2f}" for x in c["draft_ms"]))
             t.add_row("round / plain step, k=0…", " ".join(f"{x:.2f}" for x in c["round_ratio"]))
+            t.add_row("host ms per round, k=1…", " ".join(f"{x:.2f}" for x in c["host_ms"]) + "  (round − verify − draft)")
             t.add_row("chosen draft length", ", ".join(f"α={a}: k={k}" for a, k in info["chosen_length"].items()))
     Console(file=sys.stdout).print(t)
