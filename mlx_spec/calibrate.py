@@ -78,7 +78,8 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -
     greedy = Sampler(SamplingParams(), vocab)
     if model.drafter is not None:
         for k in range(1, max_width):
-            propose = lambda: mx.eval(model.drafter.propose(pc.drafter_state(), ids[-1], k, greedy).tokens)  # noqa: E731
+            state = pc.drafter_state()
+            propose = lambda: mx.eval(model.drafter.propose(state, ids[-1], k, greedy).tokens)  # noqa: E731
             curve.draft.append(_timed(propose, repeats))
     curve.rounds = measure_rounds(model, pc, greedy, max_width - 1 if model.drafter is not None else 0, repeats)
     return CostCurve(*(monotone(ts) for ts in (curve.verify, curve.draft, curve.rounds)))

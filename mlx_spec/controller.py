@@ -37,6 +37,19 @@ def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None,
     return max(range(top + 1), key=lambda k: (speed(k), -k))
 
 
+@dataclass(frozen=True)
+class ControllerConfig:
+    prior: float = 0.6  # acceptance assumed before any evidence
+    weight: float = 2.0  # pseudo-trials behind the prior (and behind a remembered estimate)
+    decay: float = 0.95  # per drafting round: the estimates follow the text
+    probe_every: int = 48  # plain rounds before a probe; doubles while probes find nothing...
+    max_probe_every: int = 512  # ...up to this
+    hopeful: float = 0.9  # no probes where even this acceptance at every position would not pay
+    margin: float = 0.05  # drafting must beat plain by this: the cost model's error
+    explore_below: float = 1.0  # recent trials under which the position past the chosen length is drafted too
+    follow: float = 0.1  # how fast the cost scales follow measured rounds
+
+
 @dataclass
 class ControllerMemory:
     """What a request learnt that the next one with this pair starts from."""
@@ -55,7 +68,8 @@ class AdaptiveLength:
     evidence has decayed away is drafted too now and then. While speculation is off, a probe round
     keeps the estimates honest: after `probe_every` rounds off, then twice as long each time it
     finds nothing (up to `max_probe_every`), since every probe costs. Where even `hopeful`
-    acceptance at every position would not pay (a steep curve), it never probes.
+    acceptance at every position would not pay (a steep curve), it never probes. The knobs are
+    in `ControllerConfig`.
 
     Costs: the time from one round's end to the next (the caller's work included) is compared
     with the curve, and plain and drafting rounds each get a running scale factor, so a curve
@@ -64,31 +78,26 @@ class AdaptiveLength:
     the costs as calibrated (draft lengths that depend on acceptance alone).
     """
 
-    def __init__(self, curve: CostCurve, max_k: int, prior: float = 0.6, weight: float = 2.0, decay: float = 0.95,
-                 probe_every: int = 48, max_probe_every: int = 512, memory: ControllerMemory | None = None,
-                 hopeful: float = 0.9, margin: float = 0.05, explore_below: float = 1.0, follow: float = 0.1,
-                 clock: Callable[[], float] | None = time.perf_counter):
-        self.curve, self.max_k = curve, min(max_k, curve.max_drafts)
-        self.clock, self.follow, self._tick, self._last_k = clock, follow, None, None
-        self.cost_scale = list(memory.cost_scale) if memory is not None else [1.0, 1.0]
-        self._scale_chosen = list(self.cost_scale)
-        self.explore_below = explore_below  # effective recent trials under which the next position is explored
-        self.margin = margin  # the cost model's error: a predicted gain smaller than this is not worth the risk
-        self.can_pay = best_length(curve, [hopeful] * self.max_k, self.max_k, margin) > 0
-        self._choice: int | None = None  # best_length for the current counts (they change only when drafting)
+    def __init__(self, curve: CostCurve, max_k: int, config: ControllerConfig = ControllerConfig(),
+                 memory: ControllerMemory | None = None, clock: Callable[[], float] | None = time.perf_counter):
+        self.curve, self.max_k, self.cfg = curve, min(max_k, curve.max_drafts), config
+        self.memory, self.clock = memory, clock
         self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
-        self.prior, self.weight, self.decay = prior, weight, decay
-        self.probe_every, self.max_probe_every, self.interval = probe_every, max_probe_every, probe_every
-        self.rounds_off = 0
-        self.memory = memory
         if memory is not None and memory.alphas:  # start from the last request's estimates, lightly held
             for i, a in enumerate(memory.alphas[: self.max_k]):
-                self.hits[i], self.trials[i] = a * weight, weight
+                self.hits[i], self.trials[i] = a * config.weight, config.weight
+        self.cost_scale = list(memory.cost_scale) if memory is not None else [1.0, 1.0]
+        self.can_pay = best_length(curve, [config.hopeful] * self.max_k, self.max_k, config.margin) > 0
+        self.interval, self.rounds_off = config.probe_every, 0
+        self._choice: int | None = None  # best_length for the current estimates and costs
+        self._scale_chosen = list(self.cost_scale)
+        self._tick: float | None = None
+        self._last_k: int | None = None
 
     def estimates(self) -> list[float]:
-        alphas, before = [], self.prior
+        alphas, before, w = [], self.cfg.prior, self.cfg.weight
         for h, t in zip(self.hits, self.trials):
-            before = (h + self.weight * before) / (t + self.weight)
+            before = (h + w * before) / (t + w)
             alphas.append(before)
         return alphas
 
@@ -97,18 +106,18 @@ class AdaptiveLength:
 
     def next(self) -> int:
         if self._choice is None:
-            self._choice = best_length(self.curve, self.estimates(), self.max_k, self.margin, self.round_time)
+            self._choice = best_length(self.curve, self.estimates(), self.max_k, self.cfg.margin, self.round_time)
             self._scale_chosen = list(self.cost_scale)
         k = self._choice
         if k:
-            self.interval = self.probe_every
-            if k < self.max_k and self.trials[k] < self.explore_below:
+            self.interval = self.cfg.probe_every
+            if k < self.max_k and self.trials[k] < self.cfg.explore_below:
                 k += 1  # little recent evidence one position deeper: draft it too, so a longer block can win
         else:
             self.rounds_off += 1
             if self.rounds_off >= self.interval and self.max_k and self.can_pay:
                 self.rounds_off, k = 0, 1
-                self.interval = min(2 * self.interval, self.max_probe_every)
+                self.interval = min(2 * self.interval, self.cfg.max_probe_every)
         return k
 
     def update(self, drafted: int, accepted: int) -> None:
@@ -117,8 +126,8 @@ class AdaptiveLength:
             return
         judged = min(drafted, accepted + 1)  # positions that were actually verified
         self._choice = None
-        self.hits = [h * self.decay for h in self.hits]
-        self.trials = [t * self.decay for t in self.trials]
+        self.hits = [h * self.cfg.decay for h in self.hits]
+        self.trials = [t * self.cfg.decay for t in self.trials]
         for i in range(judged):
             self.trials[i] += 1
             self.hits[i] += i < accepted
@@ -138,7 +147,7 @@ class AdaptiveLength:
         if not 0.25 < ratio < 4:  # a pause (a prefill, another request's turn) is not this round's cost
             return
         i = int(k > 0)
-        self.cost_scale[i] += self.follow * (ratio - self.cost_scale[i])
+        self.cost_scale[i] += self.cfg.follow * (ratio - self.cost_scale[i])
         if abs(self.cost_scale[i] / self._scale_chosen[i] - 1) > 0.02:
             self._choice = None
         if self.memory is not None:

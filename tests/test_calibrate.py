@@ -4,7 +4,7 @@ import pytest
 
 import mlx_spec
 from mlx_spec.calibrate import CostCurve, calibrated_curve, monotone
-from mlx_spec.controller import AdaptiveLength, ControllerMemory, best_length, expected_tokens
+from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory, best_length, expected_tokens
 
 FLAT = CostCurve(verify=[1.0, 1.02, 1.05, 1.07, 1.1, 1.15, 1.2, 1.25, 1.3], draft=[0.05] * 8)  # Apple-like
 STEEP = CostCurve(verify=[1.0 * m for m in range(1, 10)], draft=[0.1 * (k + 1) for k in range(8)])  # stock CPU BLAS
@@ -36,7 +36,7 @@ def test_flat_curve_speculates_far_steep_curve_stays_plain():
 
 
 def test_controller_turns_off_on_rejection_and_probes_back():
-    c = AdaptiveLength(FLAT, max_k=8, probe_every=5)
+    c = AdaptiveLength(FLAT, max_k=8, config=ControllerConfig(probe_every=5))
     for _ in range(40):  # every draft rejected
         c.update(c.next(), 0)
     ks = [c.next() for _ in range(10)]
@@ -48,7 +48,7 @@ def test_controller_turns_off_on_rejection_and_probes_back():
 
 
 def test_controller_on_steep_curve_never_speculates():
-    c = AdaptiveLength(STEEP, max_k=8, probe_every=10 ** 9)
+    c = AdaptiveLength(STEEP, max_k=8, config=ControllerConfig(probe_every=10 ** 9))
     for _ in range(20):
         k = c.next()
         assert k == 0
@@ -88,7 +88,7 @@ def test_measured_rounds_override_the_ideal_pass_time():
 
 def test_probes_back_off_while_they_find_nothing():
     hard = CostCurve(verify=[1.0 + 0.6 * m for m in range(9)], draft=[0.1] * 8)  # pays only at high acceptance
-    c = AdaptiveLength(hard, max_k=8, probe_every=4, max_probe_every=16)
+    c = AdaptiveLength(hard, max_k=8, config=ControllerConfig(probe_every=4, max_probe_every=16))
     probes = []
     for r in range(100):
         k = c.next()
@@ -100,7 +100,7 @@ def test_probes_back_off_while_they_find_nothing():
 
 
 def test_probe_interval_resets_once_speculation_pays_again():
-    c = AdaptiveLength(FLAT, max_k=8, probe_every=4, max_probe_every=64)
+    c = AdaptiveLength(FLAT, max_k=8, config=ControllerConfig(probe_every=4, max_probe_every=64))
     for _ in range(300):  # rejected for long: probes have backed off to the maximum
         c.update(c.next(), 0)
     assert c.interval == 64
@@ -128,7 +128,7 @@ def test_measured_curves_are_made_monotone():
 
 
 def test_no_probes_where_even_high_acceptance_would_not_pay():
-    c = AdaptiveLength(STEEP, max_k=8, probe_every=2)
+    c = AdaptiveLength(STEEP, max_k=8, config=ControllerConfig(probe_every=2))
     assert not c.can_pay
     for _ in range(100):
         k = c.next()
@@ -187,8 +187,9 @@ def test_cost_scales_follow_real_rounds_ignore_pauses_and_carry_over():
     assert memory.cost_scale == c.cost_scale  # the next request starts from what this one learnt
     # Where the calibrated curve says plain, drafting rounds known to cost half make it pay.
     steep = CostCurve(verify=[1.0, 1.9, 2.8], draft=[0.1, 0.2])
-    assert AdaptiveLength(steep, max_k=2, prior=0.9).next() == 0
-    assert AdaptiveLength(steep, max_k=2, prior=0.9, memory=ControllerMemory(cost_scale=[1.0, 0.5])).next() > 0
+    assert AdaptiveLength(steep, max_k=2, config=ControllerConfig(prior=0.9)).next() == 0
+    assert AdaptiveLength(steep, max_k=2, config=ControllerConfig(prior=0.9),
+                          memory=ControllerMemory(cost_scale=[1.0, 0.5])).next() > 0
 
 
 def test_seeded_sampling_is_reproducible_under_the_adaptive_controller(target_dir, drafter_dir):

@@ -111,8 +111,8 @@ def show(rows, meta) -> None:
     from rich.table import Table
 
     t = Table(title=f"mlx-spec bench — {meta.get('model')} ({meta.get('device')})")
-    for col in ("kind", "mode", "block", "drafts/round", "tokens", "plain tok/s", "spec tok/s", "speedup", "τ", "e2e speedup",
-                "TTFT plain/spec ms", "acceptance by position", "peak GB", "identical", "efficiency"):
+    for col in ("kind", "mode", "block", "drafts/round", "tokens", "plain tok/s", "spec tok/s", "speedup", "τ",
+                "e2e speedup", "TTFT plain/spec ms", "acceptance by position", "peak GB", "identical", "efficiency"):
         t.add_column(col)
     for r in rows:
         e2e = r.spec_e2e_tps / r.plain_e2e_tps if r.plain_e2e_tps else 0
@@ -129,4 +129,5 @@ def show(rows, meta) -> None:
     console.print(t)
     curve = meta.get("cost_curve", {})
     console.print("cost curve t(M)/t(1), M=1…: " + " ".join(f"{x:.2f}" for x in curve.get("verify_ratio", [])))
-    console.print("measured round / plain step, k=0… drafts: " + " ".join(f"{x:.2f}" for x in curve.get("round_ratio", [])))
+    rounds = curve.get("round_ratio", [])
+    console.print("measured round / plain step, k=0… drafts: " + " ".join(f"{x:.2f}" for x in rounds))

@@ -78,6 +78,7 @@ def show(info: dict) -> None:
         if c["draft_ms"]:
             t.add_row("draft ms, k=1…", " ".join(f"{x:.2f}" for x in c["draft_ms"]))
             t.add_row("round / plain step, k=0…", " ".join(f"{x:.2f}" for x in c["round_ratio"]))
-            t.add_row("host ms per round, k=1…", " ".join(f"{x:.2f}" for x in c["host_ms"]) + "  (round − verify − draft)")
+            host = " ".join(f"{x:.2f}" for x in c["host_ms"])
+            t.add_row("host ms per round, k=1…", host + "  (round − verify − draft)")
             t.add_row("chosen draft length", ", ".join(f"α={a}: k={k}" for a, k in info["chosen_length"].items()))
     Console(file=sys.stdout).print(t)
