@@ -59,6 +59,8 @@ def _start(args, settings, conversation, out, worker) -> int:
     session.check_block_size(settings.block_size)
     if args.baseline_tokens:
         worker.call(session.measure_baseline, args.baseline_tokens)
+    if settings.block_size is None:
+        worker.call(session.cost_curve)  # measured once per model and machine: before the first reply, not in it
     if sys.stdin.isatty() and sys.stdout.isatty():
         reader = TerminalInput(None if args.no_history else args.history or default_history())
     else:

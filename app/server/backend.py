@@ -38,6 +38,10 @@ class Backend:
             id=self.cfg.served_name or model_id(self.cfg.target), context_length=self.model.context_length,
             vocab_size=vocab, speculative=drafter is not None,
             block_size=(self.cfg.block_size or drafter.block_size) if drafter is not None else None)
+        if drafter is not None and self.cfg.block_size is None:  # while /health says loading, not in a first request
+            from mlx_spec.calibrate import calibrated_curve
+
+            calibrated_curve(self.model, drafter.block_size)
 
     def start(self, seq: Sequence) -> None:
         """Give the request a cache (sharing its prefix when one is idle) and its generation."""
