@@ -131,7 +131,7 @@ class AdaptiveLength:
         for i in range(judged):
             self.trials[i] += 1
             self.hits[i] += i < accepted
-        if self.memory is not None and judged:
+        if self.memory is not None:
             self.memory.alphas = self.estimates()
 
     def _time_round(self, k: int) -> None:

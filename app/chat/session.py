@@ -91,4 +91,3 @@ class Session:
         """A plain-decoding reply is the freshest baseline there is."""
         if tokens >= 8 and tps > 0:
             self.baseline_tps = tps
-

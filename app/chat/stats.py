@@ -82,6 +82,5 @@ def report(last: Turn | None, total: SpecStats, baseline_tps: float | None, curv
     lines.append(f"plain decoding: {base}")
     if curve is not None:  # what the draft-length controller works from
         lines.append("verify cost t(M)/t(1), M = 1…: " + " ".join(f"{r:.2f}" for r in curve.ratios()))
-        lines.append("round cost / plain step, k = 0… drafts: "
-                     + " ".join(f"{curve.round_time(k) / curve.round_time(0):.2f}" for k in range(len(curve.rounds))))
+        lines.append("round cost / plain step, k = 0… drafts: " + " ".join(f"{r:.2f}" for r in curve.round_ratios()))
     return lines
