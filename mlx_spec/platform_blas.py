@@ -61,4 +61,8 @@ def maybe_reexec(argv: list[str]) -> None:
         return
     env = dict(os.environ, _MLX_SPEC_REEXEC="1", LD_PRELOAD=":".join(filter(None, [lib, os.environ.get("LD_PRELOAD")])))
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # Restart the same launcher, so the same installation runs again whatever the working directory holds.
+    script = sys.argv[0]
+    if os.path.basename(script) == "mlx-spec" and os.access(script, os.X_OK):
+        os.execve(script, [script, *argv], env)
     os.execve(sys.executable, [sys.executable, "-m", "mlx_spec.cli", *argv], env)
