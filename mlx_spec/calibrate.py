@@ -63,15 +63,15 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -
     vocab = int(model.config.get("vocab_size", 1000))
     ids = [(i * 7919) % vocab for i in range(context)]
     pc = PromptCache(model.model, model.drafter)
-    logits, hidden = model.target(mx.array([ids]), pc.target)
+    logits, hidden = model.target(mx.array([ids]), pc.cache)
     pc.add(ids, hidden)
     mx.eval(logits)
 
     def verify(m):
         def run():
-            out, h = model.target(mx.array([ids[:m]]), pc.target)
+            out, h = model.target(mx.array([ids[:m]]), pc.cache)
             mx.eval(out, h) if h is not None else mx.eval(out)
-            trim(pc.target, m)
+            trim(pc.cache, m)
         return run
 
     curve = CostCurve([_timed(verify(m), repeats) for m in range(1, max_width + 1)], [])

@@ -24,7 +24,7 @@ def test_follow_up_turn_reuses_prefix(target_dir, drafter_dir):
     again = list(mlx_spec.stream_generate(model, tok, edited, 12, prompt_cache=cache, block_size=4))
     fresh = list(mlx_spec.stream_generate(model, tok, edited, 12, block_size=4))
     assert [t for r in again for t in r.tokens] == [t for r in fresh for t in r.tokens]
-    assert cache.drafter_state().offset == len(cache.tokens) == cache.target[0].offset
+    assert cache.drafter_state().offset == len(cache.tokens) == cache.cache[0].offset
 
 
 class Recorder:

@@ -63,8 +63,8 @@ class PromptCache:
 
     def __init__(self, model, drafter=None):
         self.model = model
-        self.target = make_cache(model)
-        self.tokens: list[int] = []  # tokens whose K/V are in `target`
+        self.cache = make_cache(model)  # the target's per-layer caches
+        self.tokens: list[int] = []  # tokens whose rows are in `cache`
         self.reused = 0  # prompt tokens the last `reuse` found already cached
         self._drafter = drafter
         self._state = drafter.make_state() if drafter is not None else None
@@ -95,7 +95,7 @@ class PromptCache:
         drop = len(self.tokens) - n
         if drop <= 0:
             return
-        trim(self.target, drop)
+        trim(self.cache, drop)
         if self._drafter is not None:
             state = self.drafter_state()
             state.trim(max(0, state.offset - n))
@@ -113,4 +113,4 @@ class PromptCache:
 
 
 def eval_state(pc: PromptCache) -> None:
-    mx.eval([c.state for c in pc.target])
+    mx.eval([c.state for c in pc.cache])

@@ -72,11 +72,11 @@ def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iter
     # computed (as mlx-lm does): a [chunk, vocab] LM-head product is no small cost.
     for i in range(0, len(rest) - 1, chunk):
         piece = rest[i : min(i + chunk, len(rest) - 1)]
-        _, hidden = target(mx.array([piece]), pc.target)
+        _, hidden = target(mx.array([piece]), pc.cache)
         pc.add(piece, hidden)
         eval_state(pc)
         yield done + i + len(piece)
-    logits, hidden = target(mx.array([rest[-1:]]), pc.target)
+    logits, hidden = target(mx.array([rest[-1:]]), pc.cache)
     pc.add(rest[-1:], hidden)
     # The prompt's last token is in the cache and the first token is on its way: the state of
     # plain decoding running ahead, so a first plain round is queued before the first token is read.
@@ -124,7 +124,7 @@ def verify(target, states: list[DecodeState], proposals: list[Draft]):
     width = max(len(p) for p in proposals) + 1
     blocks = [mx.concatenate([mx.array([s.anchor], mx.int32), p.tokens, mx.zeros((width - 1 - len(p),), mx.int32)])
               for s, p in zip(states, proposals)]
-    caches = [s.pc.target for s in states]
+    caches = [s.pc.cache for s in states]
     if len(states) == 1:
         logits, hidden = target(blocks[0][None], caches[0])
     elif can_batch(caches):
@@ -138,7 +138,7 @@ def verify(target, states: list[DecodeState], proposals: list[Draft]):
 
 def commit(s: DecodeState, tokens: list[int], hidden, width: int) -> None:
     keep = len(tokens)  # the anchor plus the accepted drafts (the bonus is the next anchor)
-    trim(s.pc.target, width - keep)
+    trim(s.pc.cache, width - keep)
     s.pc.add([s.anchor] + tokens[:-1], None if hidden is None else hidden[:, :keep])
     s.anchor = tokens[-1]
     s.k = None
@@ -167,7 +167,7 @@ def plain_round(target, s: DecodeState) -> Round:
 
 def advance(target, s: DecodeState, token: mx.array) -> tuple[mx.array, mx.array | None]:
     """Queue the target's pass over one token (its value may not be known yet): the next token, lazily."""
-    logits, hidden = target(token[None], s.pc.target)
+    logits, hidden = target(token[None], s.pc.cache)
     history = mx.concatenate([mx.array(s.pc.tokens, mx.int32), token]) if s.sampler.processors else None
     nxt = s.sampler.next_token(history, logits[0])
     mx.async_eval(nxt)
