@@ -10,13 +10,17 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
+from ..engine.cache import max_trim, spec_caches
 from ..errors import DrafterMismatchError
 from .base import Draft
 
 
 class DraftModelState:
-    def __init__(self, model):
-        self.cache = make_prompt_cache(model)
+    def __init__(self, model, slack: int = 0):
+        # Drafting writes one row per pass and then rewinds up to a block of them: a sliding-window
+        # cache keeps that many spare rows so the rewind is a trim (see SpecRotatingKVCache).
+        self.model, self.slack = model, slack
+        self.cache = spec_caches(make_prompt_cache(model), slack)
         self.tokens: list[int] = []  # tokens whose K/V are in `cache`
         self.committed = 0  # how many of them the target has committed
 
@@ -32,10 +36,16 @@ class DraftModelState:
 
     def _rewind(self, keep: int) -> None:
         drop = len(self.tokens) - keep
-        if drop > 0:
+        if drop <= 0:
+            return
+        del self.tokens[keep:]
+        if all(max_trim(c) >= drop for c in self.cache):
             for c in self.cache:
                 c.trim(drop)
-            del self.tokens[keep:]
+        else:  # further back than a sliding window can go (prefix reuse): rebuild from the kept tokens
+            self.cache = spec_caches(make_prompt_cache(self.model), self.slack)
+            if self.tokens:
+                self.model(mx.array([self.tokens]), cache=self.cache)
 
 
 class DraftModelDrafter:
@@ -45,7 +55,7 @@ class DraftModelDrafter:
         self.model, self.block_size = model, block_size
 
     def make_state(self) -> DraftModelState:
-        return DraftModelState(self.model)
+        return DraftModelState(self.model, slack=self.block_size)
 
     def observe(self, state: DraftModelState, hidden, tokens: list[int]) -> None:
         # Keep what drafting already fed when it matches the committed tokens; feed the rest.

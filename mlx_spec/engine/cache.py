@@ -3,43 +3,42 @@
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, RotatingKVCache, make_prompt_cache
+from mlx_lm.models.cache import CacheList, ConcatenateKVCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
 
 from ..errors import MlxSpecError
+from .rotating import SpecRotatingKVCache
 
 
-class SpecRotatingKVCache(RotatingKVCache):
-    """A sliding-window cache that can be trimmed after it wraps.
+def spec_caches(caches: list, slack: int = 0) -> list:
+    """mlx-lm's caches with sliding windows swapped for ones that trim exactly after they wrap."""
+    def swap(c):
+        if type(c) is RotatingKVCache and c.keep == 0:
+            return SpecRotatingKVCache.like(c, slack)
+        if isinstance(c, CacheList):
+            return CacheList(*(swap(x) for x in c.caches))
+        return c
 
-    Updates always go through the concatenating path, which keeps the buffer in time
-    order with window-1+S rows; dropping the last n rows is then exact.
-    """
+    return [swap(c) for c in caches]
 
-    @classmethod
-    def like(cls, cache: RotatingKVCache) -> "SpecRotatingKVCache":
-        return cls(max_size=cache.max_size, keep=cache.keep)
 
-    def update_and_fetch(self, keys, values):
-        return self._update_concat(keys, values)
+UNBOUNDED = 1 << 60  # a plain KV cache can go back to any earlier token
 
-    def is_trimmable(self) -> bool:
-        return True
 
-    def trim(self, n: int) -> int:
-        n = min(self.offset, n)
-        if n == 0 or self.keys is None:
-            return 0
-        self.keys = self._temporal_order(self.keys)[..., : -n, :]
-        self.values = self._temporal_order(self.values)[..., : -n, :]
-        self.offset -= n
-        self._idx = self.keys.shape[2]
-        return n
+def max_trim(c) -> int:
+    """How many of its newest rows a cache can drop and be exactly as it was (a cache type's capability)."""
+    own = getattr(c, "max_trim", None)
+    if own is not None:
+        return own()
+    if isinstance(c, CacheList):
+        return min(max_trim(x) for x in c.caches)
+    if type(c) in (KVCache, QuantizedKVCache, ConcatenateKVCache):
+        return UNBOUNDED
+    return 0
 
 
 def make_cache(model) -> list:
     """The target's prompt cache, with every layer's cache able to roll back."""
-    caches = make_prompt_cache(model)
-    caches = [SpecRotatingKVCache.like(c) if type(c) is RotatingKVCache else c for c in caches]
+    caches = spec_caches(make_prompt_cache(model))
     bad = {type(c).__name__ for c in caches if not c.is_trimmable()}
     if bad:
         raise MlxSpecError(f"speculative decoding needs caches that can roll back; {', '.join(sorted(bad))} cannot")
@@ -90,11 +89,24 @@ class PromptCache:
             self._pending, self._pending_rows = [], 0
         return self._state
 
+    def reset(self) -> None:
+        """Forget everything: a fresh target cache and drafter state."""
+        self.cache = make_cache(self.model)
+        self.tokens = []
+        self._state = self._drafter.make_state() if self._drafter is not None else None
+        self._pending, self._pending_rows = [], 0
+
+    def max_trim(self) -> int:
+        """Tokens the target's cache can give back exactly (a sliding window keeps only a few spare rows)."""
+        return min((max_trim(c) for c in self.cache), default=UNBOUNDED)
+
     def truncate(self, n: int) -> None:
         """Keep the first n tokens, in the target's cache and the drafter's state alike."""
         drop = len(self.tokens) - n
         if drop <= 0:
             return
+        if drop > self.max_trim():
+            raise MlxSpecError(f"cannot roll the cache back {drop} tokens exactly (at most {self.max_trim()})")
         trim(self.cache, drop)
         if self._drafter is not None:
             state = self.drafter_state()
@@ -102,11 +114,16 @@ class PromptCache:
         del self.tokens[n:]
 
     def reuse(self, prompt: list[int]) -> int:
-        """Truncate to the longest common prefix with `prompt` (keeping >= 1 token to prefill); returns it."""
+        """Truncate to the longest common prefix with `prompt` (keeping >= 1 token to prefill); returns
+        the tokens really reused. What the caches cannot give back exactly is not reused: then the
+        cache starts afresh and the whole prompt is prefilled."""
         n = 0
         limit = min(len(self.tokens), len(prompt) - 1)
         while n < limit and self.tokens[n] == prompt[n]:
             n += 1
+        if len(self.tokens) - n > self.max_trim():
+            self.reset()
+            n = 0
         self.truncate(n)
         self.reused = n
         return n
