@@ -18,7 +18,7 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
 
 @pytest.fixture(scope="module")
 def server(target_dir):
-    s = serve(target_dir, api_key=KEY, max_body_bytes=64 << 10, max_header_bytes=8 << 10, request_timeout=2.0)
+    s = serve(target_dir, api_keys=(KEY,), max_body_bytes=64 << 10, max_header_bytes=8 << 10, request_timeout=2.0)
     yield s
     s.stop()
 
@@ -63,7 +63,7 @@ def test_cors_localhost_only(server):
 def test_refuses_non_loopback_without_key(capsys):
     with pytest.raises(MlxSpecError):
         ServerConfig(host="0.0.0.0")
-    assert ServerConfig(host="0.0.0.0", api_key=KEY).host == "0.0.0.0"
+    assert ServerConfig(host="0.0.0.0", api_keys=(KEY,)).host == "0.0.0.0"
     assert cli_main(["serve", "--host", "0.0.0.0", "--port", "1"]) == 2
     assert "api-key" in capsys.readouterr().err
 

@@ -21,6 +21,7 @@ class ModelInfo:
     vocab_size: int
     speculative: bool
     block_size: int | None
+    max_prompt_chars: int | None = None  # a longer prompt cannot fit the context (see `prompt_char_bound`)
 
 
 class Backend:
@@ -37,7 +38,8 @@ class Backend:
         self.info = ModelInfo(
             id=self.cfg.served_name or model_id(self.cfg.target), context_length=self.model.context_length,
             vocab_size=vocab, speculative=drafter is not None,
-            block_size=(self.cfg.block_size or drafter.block_size) if drafter is not None else None)
+            block_size=(self.cfg.block_size or drafter.block_size) if drafter is not None else None,
+            max_prompt_chars=prompt_char_bound(self.tokenizer, self.model.context_length))
         if drafter is not None and self.cfg.block_size is None:  # while /health says loading, not in a first request
             from mlx_spec.calibrate import calibrated_curve
 
@@ -46,7 +48,7 @@ class Backend:
     def start(self, seq: Sequence) -> None:
         """Give the request a cache (sharing its prefix when one is idle) and its generation."""
         job = seq.job
-        seq.cache = self.pool.acquire(job.ids)
+        seq.cache = self.pool.acquire(job.ids, job.partition)
         seq.gen = mlx_spec.make_generation(
             self.model, self.tokenizer, job.ids, job.max_tokens, sampling=job.sampling, stop=job.stop,
             prompt_cache=seq.cache, block_size=self.cfg.block_size)
@@ -67,8 +69,23 @@ class Backend:
     def stop(self, seq: Sequence, reusable: bool) -> None:
         """Return the cache; a cache left mid-round by an error is dropped."""
         if seq.cache is not None and reusable:
-            self.pool.release(seq.cache)
+            self.pool.release(seq.cache, seq.job.partition)
         seq.gen = seq.cache = None
+
+
+CHARS_PER_TOKEN_CAP = 32
+
+
+def prompt_char_bound(tokenizer, context_length: int) -> int:
+    """Characters past which a prompt cannot fit the context, checked before tokenizing.
+
+    No token covers more characters than the longest vocabulary entry, so a longer text needs
+    more tokens than the context holds. The factor is capped at 32 (vocabularies carry a few
+    very long whitespace or punctuation runs): only text averaging over 32 characters per
+    token, across a whole context's worth, is refused early.
+    """
+    longest = max((len(t) for t in tokenizer.get_vocab()), default=CHARS_PER_TOKEN_CAP)
+    return context_length * min(longest, CHARS_PER_TOKEN_CAP)
 
 
 def model_id(target: str | None) -> str:

@@ -17,8 +17,9 @@ def add_arguments(p) -> None:
     p.set_defaults(max_tokens=None)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (non-loopback needs --api-key)")
     p.add_argument("--port", type=int, default=8080)
-    p.add_argument("--api-key", default=os.environ.get("MLX_SPEC_API_KEY"),
-                   help="require this key as Bearer token or X-Api-Key (default: $MLX_SPEC_API_KEY)")
+    p.add_argument("--api-key", action="append", default=None,
+                   help="require this key as Bearer token or X-Api-Key; repeatable, one per client "
+                        "(default: $MLX_SPEC_API_KEY, comma-separated)")
     p.add_argument("--served-model-name", default=None, help="model id to report (default: the model folder name)")
     p.add_argument("--allowed-host", action="append", default=[], help="extra allowed Host header (repeatable)")
     p.add_argument("--cors-origin", action="append", default=[], help="extra allowed CORS origin (repeatable)")
@@ -28,6 +29,9 @@ def add_arguments(p) -> None:
     p.add_argument("--prefix-cache-size", type=int, default=4, help="idle conversation caches kept for reuse")
     p.add_argument("--max-body-mb", type=float, default=4.0)
     p.add_argument("--shutdown-timeout", type=float, default=10.0, help="seconds in-flight requests get on shutdown")
+    p.add_argument("--max-connections", type=int, default=256, help="open sockets; past it the oldest idle is closed")
+    p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request's headers to arrive")
+    p.add_argument("--body-timeout", type=float, default=60.0, help="seconds for a request's body to arrive")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -37,11 +41,17 @@ def config_from(args) -> ServerConfig:
                         mode=args.mode, kernels=not args.no_kernels, prefill_chunk=args.prefill_chunk)
     defaults = Defaults(sampling_from(args), args.max_tokens, tuple(args.stop))
     return ServerConfig(
-        model=model, defaults=defaults, host=args.host, port=args.port, api_key=args.api_key or None,
+        model=model, defaults=defaults, host=args.host, port=args.port, api_keys=api_keys(args.api_key),
         allowed_hosts=tuple(args.allowed_host), cors_origins=tuple(args.cors_origin), max_active=args.max_active,
         max_queue=args.max_queue, request_timeout=args.request_timeout, prefix_cache_size=args.prefix_cache_size,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), shutdown_timeout=args.shutdown_timeout,
+        max_connections=args.max_connections, header_timeout=args.header_timeout, body_timeout=args.body_timeout,
         log_level=args.log_level)
+
+
+def api_keys(given: list[str] | None) -> tuple[str, ...]:
+    keys = given if given is not None else os.environ.get("MLX_SPEC_API_KEY", "").split(",")
+    return tuple(k.strip() for k in keys if k.strip())
 
 
 def run(args) -> int:

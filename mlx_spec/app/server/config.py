@@ -35,7 +35,7 @@ class ServerConfig:
     defaults: Defaults = Defaults()
     host: str = "127.0.0.1"
     port: int = 8080
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # any of them opens the API; each has its own prefix caches
     allowed_hosts: tuple[str, ...] = ()  # extra Host-header names; loopback names are always allowed
     cors_origins: tuple[str, ...] = ()  # extra origins; localhost origins are always allowed
     max_active: int = 8  # requests in the verify loop at once
@@ -46,6 +46,9 @@ class ServerConfig:
     prefix_cache_size: int = 4  # idle conversation caches kept for prefix reuse
     max_body_bytes: int = 4 << 20
     max_header_bytes: int = 16 << 10
+    max_connections: int = 256  # open sockets; past it the oldest idle one is closed (see connections.py)
+    header_timeout: float = 10.0  # seconds for a request's head to arrive in full, from connect or last reply
+    body_timeout: float = 60.0  # seconds for a request's body to arrive in full, once its head is in
     max_messages: int = 4096
     max_stop: int = 64  # stop matching costs O(count x length^2) per round, paid by every active request
     max_stop_chars: int = 256
@@ -55,9 +58,9 @@ class ServerConfig:
 
     def __post_init__(self):
         checks = [
-            (self.api_key is not None or is_loopback(self.host),
+            (bool(self.api_keys) or is_loopback(self.host),
              f"refusing to listen on non-loopback address {self.host} without --api-key"),
-            (self.api_key is None or len(self.api_key) >= 8, "--api-key must be at least 8 characters"),
+            (all(len(k) >= 8 for k in self.api_keys), "--api-key must be at least 8 characters"),
             (0 <= self.port < 65536, "port must be in [0, 65535]"),
             (self.max_active >= 1, "max_active must be >= 1"),
             (self.max_queue >= 0, "max_queue must be >= 0"),
@@ -65,6 +68,8 @@ class ServerConfig:
             (self.keepalive_interval > 0, "keepalive_interval must be > 0"),
             (self.prefix_cache_size >= 0, "prefix_cache_size must be >= 0"),
             (self.max_body_bytes >= 1024, "max_body_bytes must be >= 1024"),
+            (self.max_connections >= 1, "max_connections must be >= 1"),
+            (self.header_timeout > 0 and self.body_timeout > 0, "header_timeout and body_timeout must be > 0"),
         ]
         for ok, message in checks:
             if not ok:

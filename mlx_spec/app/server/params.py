@@ -31,10 +31,21 @@ def check_chat(req: ChatRequest, limits) -> None:
     _check_n(req)
 
 
-def chat_job(req: ChatRequest, ids: list[int], info: ModelInfo, defaults: Defaults, limits) -> Job:
+def check_prompt_chars(chars: int, info: ModelInfo, param: str) -> None:
+    """Refuse a prompt that cannot fit by its length in characters alone, before paying to tokenize it."""
+    bound = info.max_prompt_chars
+    if bound is not None and chars > bound:
+        ctx = info.context_length
+        raise APIError(400, f"This model's maximum context length is {ctx} tokens, and a prompt of {chars} "
+                       f"characters is longer than any {ctx}-token text ({bound} characters). Shorten the "
+                       "messages or the prompt.", code="context_length_exceeded", param=param, extra={"n_ctx": ctx})
+
+
+def chat_job(req: ChatRequest, ids: list[int], info: ModelInfo, defaults: Defaults, limits,
+             partition: tuple = ()) -> Job:
     wanted = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-    return _job(req, ids, wanted, param, "messages", info, defaults, limits)
+    return _job(req, ids, wanted, param, "messages", info, defaults, limits, partition)
 
 
 def check_completion(req: CompletionRequest) -> None:
@@ -51,12 +62,14 @@ def _check_n(req: Sampling) -> None:
         raise invalid("only n=1 is supported", "n")
 
 
-def completion_job(req: CompletionRequest, ids: list[int], info: ModelInfo, defaults: Defaults, limits) -> Job:
+def completion_job(req: CompletionRequest, ids: list[int], info: ModelInfo, defaults: Defaults, limits,
+                   partition: tuple = ()) -> Job:
     wanted = req.max_tokens if req.max_tokens is not None else (defaults.max_tokens or 16)
-    return _job(req, ids, wanted, "max_tokens", "prompt", info, defaults, limits)
+    return _job(req, ids, wanted, "max_tokens", "prompt", info, defaults, limits, partition)
 
 
-def _job(req: Sampling, ids, wanted, param, prompt_param, info: ModelInfo, defaults: Defaults, limits) -> Job:
+def _job(req: Sampling, ids, wanted, param, prompt_param, info: ModelInfo, defaults: Defaults, limits,
+         partition: tuple) -> Job:
     ctx = info.context_length
     if not ids:
         raise invalid("the prompt is empty", prompt_param)
@@ -70,7 +83,7 @@ def _job(req: Sampling, ids, wanted, param, prompt_param, info: ModelInfo, defau
         raise invalid(f"{param} must be between 1 and the context length {ctx}, got {wanted}", param)
     # Like the library (and llama.cpp, Ollama), a limit past the context end stops at the end.
     return Job(list(ids), min(wanted, ctx - len(ids)), _sampling(req, info, defaults.sampling),
-               _stops(req.stop, defaults.stop, limits))
+               _stops(req.stop, defaults.stop, limits), partition)
 
 
 def _sampling(req: Sampling, info: ModelInfo, base: SamplingParams) -> SamplingParams:

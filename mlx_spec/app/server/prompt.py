@@ -11,9 +11,11 @@ import threading
 
 import jinja2
 
+from mlx_spec.app.chat_tokens import UntrustedSpecialTokens, encode_chat
 from mlx_spec.generate import encode_prompt
 
 from .backend import ModelInfo
+from .body import check_tree
 from .errors import invalid
 from .schemas import Message
 
@@ -33,12 +35,15 @@ class PromptBuilder:
         chat = [_plain(m) for m in messages]
         with self._lock:
             try:
-                text = self.tokenizer.apply_chat_template(chat, tools=tools, add_generation_prompt=True, tokenize=False)
+                return encode_chat(self.tokenizer, chat, tools)  # contents cannot forge control tokens
             except jinja2.TemplateError as e:  # includes the sandbox's SecurityError and raise_exception()
                 raise invalid(f"the chat template rejected these messages: {e}", "messages") from None
+            except UntrustedSpecialTokens as e:
+                raise invalid(str(e), "messages", code="special_tokens_in_content") from None
+            except RecursionError:
+                raise invalid("the messages nest too deeply for the chat template", "messages") from None
             except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
                 raise invalid(f"cannot render the chat template: {type(e).__name__}: {e}", "messages") from None
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def completion(self, prompt) -> list[int]:
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
@@ -77,9 +82,12 @@ def _text(content) -> str:
 
 def _args(arguments):
     # Templates render arguments with `| tojson`; a JSON string would come out double-encoded.
+    # A string that is not JSON is passed as it is; one that nests too deeply is refused (body.py).
     if isinstance(arguments, str):
         try:
-            return json.loads(arguments)
-        except ValueError:
+            parsed = json.loads(arguments)
+        except (ValueError, RecursionError):
             return arguments
+        check_tree(parsed, "messages")
+        return parsed
     return arguments

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
-
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
 from . import params
-from .errors import invalid
+from .body import decode
+from .errors import APIError
 from .handle import Handle
 from .responses import ChatFormat, CompletionFormat, Format
 from .schemas import ChatRequest, CompletionRequest
@@ -56,12 +56,13 @@ async def metrics(request: Request):
 async def chat_completions(request: Request):
     st = _state(request)
     st.require_ready()
-    req = await parse(request, ChatRequest)
+    req, chars = await parse(request, ChatRequest)
     params.check_chat(req, st.config)
+    params.check_prompt_chars(chars.get("messages", 0) + chars.get("tools", 0), st.info, "messages")
     use_tools = bool(req.tools) and req.tool_choice != "none"
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if use_tools else None
     ids = await run_in_threadpool(st.prompts.chat, req.messages, tools)
-    job = params.chat_job(req, ids, st.info, st.config.defaults, st.config)
+    job = params.chat_job(req, ids, st.info, st.config.defaults, st.config, _partition(request, req))
     fmt = ChatFormat(st.info.id, include_usage=_include_usage(req))
     return await respond(request, st, job, fmt, ToolCallFilter.for_request(st.tokenizer, tools, req.tool_choice),
                          req.stream)
@@ -72,10 +73,11 @@ async def chat_completions(request: Request):
 async def completions(request: Request):
     st = _state(request)
     st.require_ready()
-    req = await parse(request, CompletionRequest)
+    req, chars = await parse(request, CompletionRequest)
     params.check_completion(req)
+    params.check_prompt_chars(chars.get("prompt", 0), st.info, "prompt")
     ids = await run_in_threadpool(st.prompts.completion, req.prompt)
-    job = params.completion_job(req, ids, st.info, st.config.defaults, st.config)
+    job = params.completion_job(req, ids, st.info, st.config.defaults, st.config, _partition(request, req))
     fmt = CompletionFormat(st.info.id, include_usage=_include_usage(req))
     return await respond(request, st, job, fmt, None, req.stream)
 
@@ -90,25 +92,17 @@ async def respond(request: Request, st: ServerState, job, fmt: Format, tools, st
 
 
 async def parse(request: Request, model: type[BaseModel]):
-    raw = await request.body()
+    """The validated request and its characters per field; JSON work runs in the threadpool (see body.py)."""
     try:
-        data = json.loads(raw, parse_constant=_no_constant)
-    except (ValueError, RecursionError):
-        raise invalid("the request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise invalid("the request body must be a JSON object")
-    try:
-        return model.model_validate(data)
-    except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(p) for p in first["loc"]) or None
-        raise invalid(f"{loc or 'body'}: {first['msg']}", loc) from None
-    except RecursionError:
-        raise invalid("the request body is nested too deeply") from None
+        raw = await request.body()
+    except ClientDisconnect:  # gone mid-body (or cut off by the body timeout): nobody reads the answer
+        raise APIError(400, "the client disconnected before sending the whole body") from None
+    return await run_in_threadpool(decode, raw, model)
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not valid JSON")
+def _partition(request: Request, req) -> tuple[str, str]:
+    """Whose idle caches this request may reuse: its API key's, and within that its `user` or cache key's."""
+    return getattr(request.state, "key_id", ""), req.prompt_cache_key or req.user or ""
 
 
 def _include_usage(req) -> bool:

@@ -84,7 +84,8 @@ class Sampling(Base):
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int = 1
-    user: str | None = None
+    user: str | None = None  # with prompt_cache_key: keeps this client's prefix caches apart from others'
+    prompt_cache_key: str | None = None
 
 
 class ChatRequest(Sampling):

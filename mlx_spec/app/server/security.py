@@ -1,12 +1,16 @@
-"""Request gates, outermost first: Host allowlist, CORS, API key, header and body size.
+"""Request gates, outermost first: Host allowlist, cross-site requests, CORS, API key, header and body size.
 
 Host allowlist: a web page on a rebound DNS name (Ollama CVE-2024-28224) reaches a loopback
-server with a foreign Host header; we refuse those. CORS: localhost origins only, no credentials.
+server with a foreign Host header; we refuse those. Cross-site: a page on any site may POST a
+"simple" request (text/plain, form types, no preflight) to 127.0.0.1; we refuse bodies that are
+not JSON and foreign Origins before any work. CORS: localhost origins only, no credentials.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import re
 
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
@@ -23,11 +27,13 @@ def middleware(cfg: ServerConfig) -> list[Middleware]:
     allowed = None
     if is_loopback(cfg.host) or cfg.allowed_hosts:
         allowed = {*LOOPBACK_NAMES, *(h.lower() for h in cfg.allowed_hosts), cfg.host.strip("[]").lower()}
+    origins = (re.compile(LOCAL_ORIGINS), set(cfg.cors_origins))
     return [
         Middleware(HostCheck, allowed=allowed),
+        Middleware(CrossSiteCheck, origins=origins),
         Middleware(CORSMiddleware, allow_origins=list(cfg.cors_origins), allow_origin_regex=LOCAL_ORIGINS,
                    allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"], allow_credentials=False),
-        Middleware(ApiKeyCheck, key=cfg.api_key),
+        Middleware(ApiKeyCheck, keys=cfg.api_keys),
         Middleware(SizeLimits, body=cfg.max_body_bytes, headers=cfg.max_header_bytes),
     ]
 
@@ -60,26 +66,67 @@ class HostCheck:
         await self.app(scope, receive, send)
 
 
-class ApiKeyCheck:
-    """Bearer token or X-Api-Key, compared in constant time. /health and CORS preflights need none."""
+class CrossSiteCheck:
+    """415 for a POST whose body is not declared JSON, 403 for a request with a foreign Origin.
 
-    def __init__(self, app, key: str | None):
-        self.app, self.key = app, key.encode() if key else None
+    Browsers send text/plain, form and multipart bodies (and a typeless Blob) cross-site without
+    a preflight, so CORS alone never gets to say no; a JSON content type forces the preflight.
+    A request without Origin (curl, SDKs) is not a browser's cross-site request.
+    """
+
+    def __init__(self, app, origins: tuple[re.Pattern, set[str]]):
+        self.app, (self.local, self.extra) = app, origins
 
     async def __call__(self, scope, receive, send):
-        if (self.key is not None and scope["type"] == "http" and scope["method"] != "OPTIONS"
-                and scope["path"] not in OPEN_PATHS and not self._ok(scope)):
-            response = error_response(401, "missing or invalid API key", code="invalid_api_key",
-                                      headers={"WWW-Authenticate": "Bearer"})
-            return await response(scope, receive, send)
+        if scope["type"] == "http" and scope["method"] != "OPTIONS":  # preflights are CORS's to answer
+            origin = header(scope, b"origin")
+            if origin is not None and not (self.local.match(origin) or origin in self.extra):
+                response = error_response(403, f"Origin {origin[:100]!r} is not allowed (see --cors-origin)",
+                                          code="origin_not_allowed")
+                return await response(scope, receive, send)
+            if scope["method"] == "POST" and not is_json(header(scope, b"content-type")):
+                response = error_response(415, "the request body must be JSON (Content-Type: application/json)",
+                                          code="unsupported_media_type")
+                return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
-    def _ok(self, scope) -> bool:
+
+def is_json(content_type: str | None) -> bool:
+    return content_type is not None and content_type.partition(";")[0].strip().lower() == "application/json"
+
+
+class ApiKeyCheck:
+    """Bearer token or X-Api-Key, compared in constant time. /health and CORS preflights need none.
+
+    The matching key's fingerprint goes into the request state as `key_id`: the prefix cache
+    keeps each key's conversations apart (see prefix_cache.py).
+    """
+
+    def __init__(self, app, keys: tuple[str, ...]):
+        self.app, self.keys = app, [k.encode() for k in keys]
+
+    async def __call__(self, scope, receive, send):
+        if self.keys and scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in OPEN_PATHS:
+            key = self._match(scope)
+            if key is None:
+                response = error_response(401, "missing or invalid API key", code="invalid_api_key",
+                                          headers={"WWW-Authenticate": "Bearer"})
+                return await response(scope, receive, send)
+            scope.setdefault("state", {})["key_id"] = hashlib.sha256(key).hexdigest()[:16]
+        await self.app(scope, receive, send)
+
+    def _match(self, scope) -> bytes | None:
         given = header(scope, b"x-api-key")
         auth = header(scope, b"authorization")
         if auth is not None and auth[:7].lower() == "bearer ":
             given = auth[7:].strip()
-        return given is not None and hmac.compare_digest(given.encode("latin-1"), self.key)
+        if given is None:
+            return None
+        given_bytes, found = given.encode("latin-1"), None
+        for key in self.keys:  # every key is compared: the time does not say which one matched
+            if hmac.compare_digest(given_bytes, key):
+                found = key
+        return found
 
 
 class SizeLimits:

@@ -17,6 +17,7 @@ class Job:
     max_tokens: int
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
+    partition: tuple = ()  # whose idle prefix caches it may reuse (API key, client cache key)
 
 
 @dataclass

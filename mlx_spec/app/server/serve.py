@@ -7,6 +7,7 @@ import math
 import uvicorn
 
 from .config import ServerConfig
+from .connections import ConnectionLimits, protocol_class
 
 
 class Server(uvicorn.Server):
@@ -28,11 +29,12 @@ class Server(uvicorn.Server):
 
 def uvicorn_config(app, cfg: ServerConfig) -> uvicorn.Config:
     # h11 with a header-size cap: httptools has no cap (vLLM CVE-2025-48956, header flood).
+    # No limit_concurrency: it counts idle sockets too; connections.py and the scheduler's queue bound the load.
+    limits = ConnectionLimits(cfg.max_connections, cfg.header_timeout, cfg.body_timeout)
     return uvicorn.Config(
-        app, host=cfg.host, port=cfg.port, http="h11", h11_max_incomplete_event_size=cfg.max_header_bytes,
+        app, host=cfg.host, port=cfg.port, http=protocol_class(limits), h11_max_incomplete_event_size=cfg.max_header_bytes,
         timeout_graceful_shutdown=math.ceil(cfg.shutdown_timeout), timeout_keep_alive=5,
-        limit_concurrency=cfg.max_active + cfg.max_queue + 64, proxy_headers=False, server_header=False,
-        log_level=cfg.log_level, lifespan="on")
+        limit_concurrency=None, proxy_headers=False, server_header=False, log_level=cfg.log_level, lifespan="on")
 
 
 def make_server(app, cfg: ServerConfig) -> Server:
