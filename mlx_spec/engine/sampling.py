@@ -17,6 +17,12 @@ from ..errors import MlxSpecError
 from ..kernels import fused_accept
 
 
+# Edge values that float32 cannot carry through the distribution (as vLLM treats them):
+# logits / temperature overflows, and top_p * mass underflows to 0 and keeps no token at all.
+GREEDY_BELOW = 1e-5  # a temperature under this is greedy decoding
+MIN_TOP_P = 1e-6  # a smaller top_p keeps the same single most likely token
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0
@@ -49,7 +55,7 @@ class Sampler:
 
     def __init__(self, params: SamplingParams, vocab_size: int):
         self.params = params
-        self.greedy = params.temperature == 0
+        self.greedy = params.temperature < GREEDY_BELOW
         if params.top_k >= vocab_size:
             params = SamplingParams(**{**params.__dict__, "top_k": 0})
             self.params = params
@@ -79,7 +85,7 @@ class Sampler:
         logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
         p = self.params
         if 0 < p.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, p.top_p)
+            logprobs = apply_top_p(logprobs, max(p.top_p, MIN_TOP_P))
         if p.min_p != 0.0:
             logprobs = apply_min_p(logprobs, p.min_p)
         if p.top_k > 0:

@@ -86,7 +86,14 @@ def _job(req: Sampling, ids, wanted, param, prompt_param, info: ModelInfo, defau
                _stops(req.stop, defaults.stop, limits), partition)
 
 
+MIN_REPETITION_PENALTY = 0.01  # logits / penalty: smaller values overflow float32 (0 and below mean nothing)
+
+
 def _sampling(req: Sampling, info: ModelInfo, base: SamplingParams) -> SamplingParams:
+    # Tiny temperatures and top_p are fine here: the library's Sampler treats them as greedy / top-1.
+    if req.repetition_penalty is not None and req.repetition_penalty < MIN_REPETITION_PENALTY:
+        raise invalid(f"repetition_penalty must be in [{MIN_REPETITION_PENALTY}, 10] (1 means off), "
+                      f"got {req.repetition_penalty}", "repetition_penalty")
     given = {k: getattr(req, k) for k in ("temperature", "top_p", "min_p", "repetition_penalty")
              if getattr(req, k) is not None}
     if req.top_k is not None:

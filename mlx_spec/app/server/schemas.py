@@ -77,7 +77,7 @@ class Sampling(Base):
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    repetition_penalty: float | None = Field(None, le=10)  # its floor is checked in params.py
     logit_bias: dict[str, float] | None = None
     seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
     stop: str | list[str] | None = None
