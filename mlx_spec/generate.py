@@ -20,7 +20,8 @@ from .stops import StopMatcher
 class SpecStats:
     """Speculation statistics of one run (vLLM-style counters)."""
 
-    rounds: int = 0
+    rounds: int = 0  # target passes after the prefill, plain rounds included
+    drafting_rounds: int = 0  # rounds that verified at least one draft token
     drafted: int = 0
     accepted: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
@@ -28,6 +29,7 @@ class SpecStats:
 
     def add(self, r: Round) -> None:
         self.rounds += 1
+        self.drafting_rounds += r.drafted > 0
         self.drafted += r.drafted
         self.accepted += r.accepted
         grow = r.drafted - len(self.drafted_per_position)
@@ -40,7 +42,12 @@ class SpecStats:
 
     @property
     def tau(self) -> float:
-        """Acceptance length: tokens committed per verify round, bonus included."""
+        """Mean acceptance length (vLLM's): 1 + accepted drafts per round that drafted; 0 when none did."""
+        return 1 + self.accepted / self.drafting_rounds if self.drafting_rounds else 0.0
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """Tokens committed per target pass, plain rounds included."""
         return (self.accepted + self.rounds) / self.rounds if self.rounds else 0.0
 
     @property
@@ -48,8 +55,9 @@ class SpecStats:
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
     def as_dict(self) -> dict:
-        return {"rounds": self.rounds, "drafted": self.drafted, "accepted": self.accepted,
-                "tau": round(self.tau, 4), "acceptance_rates": [round(x, 4) for x in self.acceptance_rates]}
+        return {"rounds": self.rounds, "drafting_rounds": self.drafting_rounds, "drafted": self.drafted,
+                "accepted": self.accepted, "tau": round(self.tau, 4), "tokens_per_pass": round(self.tokens_per_pass, 4),
+                "acceptance_rates": [round(x, 4) for x in self.acceptance_rates]}
 
 
 @dataclass
@@ -107,9 +115,9 @@ def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
     if len(ids) >= model.context_length:
         raise ContextOverflowError(len(ids), max_tokens, model.context_length)
     max_tokens = min(max_tokens, model.context_length - len(ids))
+    check_block_size(model, block_size)
     pc = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    reproducible = sampling.seed is not None and sampling.temperature > 0
-    lengths = draft_lengths if draft_lengths is not None else choose_lengths(model, block_size, adaptive, reproducible)
+    lengths = draft_lengths if draft_lengths is not None else choose_lengths(model, block_size, adaptive)
     return Generation(model, tokenizer, ids, max_tokens, Sampler(sampling, vocab_size=_vocab(model)), stop or [], pc,
                       lengths)
 
@@ -130,21 +138,28 @@ def stream_generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, **k
         yield step_all(model, [g])[0]
 
 
-def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool, reproducible: bool = False):
-    """Fixed draft lengths, or the adaptive controller. `reproducible` (a seeded sampled request, whose
-    output depends on the draft lengths): lengths that depend on the request alone, not on timing or
-    on earlier requests."""
+def check_block_size(model: Loaded, block_size: int | None) -> None:
+    """A fixed block is the anchor plus its drafts: 1 (plain) up to what the drafter can verify."""
+    if block_size is None:
+        return
+    top = model.drafter.block_size if model.drafter is not None else 1
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= top:
+        what = f"the drafter's block size is {top}" if model.drafter is not None else "there is no drafter"
+        raise MlxSpecError(f"block size must be an integer from 1 to {top} ({what}), got {block_size!r}")
+
+
+def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool):
+    """Fixed draft lengths, or the adaptive controller. Any lengths keep output exact, seeded sampled
+    output included (its tokens do not depend on the draft lengths: see `engine/sampling.py`)."""
     drafter = model.drafter
     if drafter is None:
         return FixedLength(0)
     if block_size is not None or not adaptive:
-        return FixedLength(max(0, (block_size or drafter.block_size) - 1))
+        return FixedLength((block_size or drafter.block_size) - 1)
     from .calibrate import calibrated_curve
     from .controller import AdaptiveLength
 
     curve = calibrated_curve(model, drafter.block_size)
-    if reproducible:
-        return AdaptiveLength(curve, drafter.block_size - 1, clock=None)
     return AdaptiveLength(curve, drafter.block_size - 1, memory=model.memory)
 
 
@@ -189,25 +204,36 @@ class Generation:
             else:
                 yield item
 
+    def _take(self, tokens: list[int]) -> tuple[list[int], str]:
+        """The round's tokens up to EOS or up to the one that completes a stop string (setting `finish`),
+        and the text they release."""
+        text = ""
+        for j, t in enumerate(tokens):
+            if t in self.eos:
+                self.finish = "stop"
+                return tokens[:j], text
+            self.detok.add_token(t)
+            if self.stops.stops:  # token by token: the tokens after a stop string are not output
+                more, hit = self.stops.feed(self.detok.text)
+                text += more
+                if hit:
+                    self.finish = "stop"
+                    return tokens[: j + 1], text
+        return tokens, text if self.stops.stops else self.stops.feed(self.detok.text)[0]
+
     def emit(self, r: Round, count: bool = True) -> GenerationResponse:
         if count:
             self.stats.add(r)
-        tokens = r.tokens[: self.max_tokens - self.n]
-        for j, t in enumerate(tokens):
-            if t in self.eos:
-                tokens, self.finish = tokens[:j], "stop"
-                break
-        for t in tokens:
-            self.detok.add_token(t)
+        tokens, text = self._take(r.tokens[: self.max_tokens - self.n])
         self.n += len(tokens)
         self.state.remaining = self.max_tokens - self.n
         if self.finish is None and self.n >= self.max_tokens:
             self.finish = "length"
-        if self.finish is not None:
+        if self.finish is not None and not self.stops.hit:  # the detokenizer's held-back tail
             self.detok.finalize()
-        text, hit = self.stops.feed(self.detok.text, final=self.finished)
-        if hit:
-            self.finish = "stop"
+            more, hit = self.stops.feed(self.detok.text, final=True)
+            text += more
+            self.finish = "stop" if hit else self.finish
         elapsed = max(time.perf_counter() - self.tic, 1e-9)
         return GenerationResponse(
             text=text, token=tokens[-1] if tokens else None, tokens=tokens, prompt_tokens=len(self.ids),

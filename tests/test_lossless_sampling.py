@@ -1,4 +1,7 @@
-"""Sampled speculative output follows the target's distribution (chi-square over seeded runs)."""
+"""Sampled speculative output follows the target's distribution (chi-square over many runs).
+
+Unseeded runs use rejection sampling (the global key stream, reseeded per run); seeded runs use
+position-keyed Gumbel draws, whose output must also equal plain decoding with the same seed."""
 
 import itertools
 
@@ -23,34 +26,59 @@ def flat_target(models_dir, tokenizer_dir):
     return factory.make_target(models_dir / "flat", tokenizer_dir, "qwen3", layers=2, seed=7, scale=1.6)
 
 
-def exact_joint(model, ids, params, n):
-    """P(first n tokens) by enumeration, using the distribution mlx-lm's sampler draws from."""
+def exact_joint(model, ids, params, n, eos=()):
+    """P(first n tokens) by enumerating the target's own sampled process, as mlx-lm defines it: at each
+    step the logits processors (penalties, logit_bias) see the prompt and the tokens so far, then the
+    sampler's distribution. A sequence that samples an `eos` token ends there and is keyed by the
+    tokens before it, which is what a generation returns."""
     sampler = Sampler(params, model.args.vocab_size)
-    out = {(): 1.0}
+    out, ended = {(): 1.0}, {}
     for _ in range(n):
         nxt = {}
         for prefix, pr in out.items():
-            logits = model(mx.array([ids + list(prefix)]))[0, -1:].astype(mx.float32)
-            p = np.array(sampler.probs(logits)[0])
+            seen = ids + list(prefix)
+            logits = model(mx.array([seen]))[0, -1:].astype(mx.float32)
+            p = np.array(sampler.probs(sampler.process(seen, [], logits))[0])
             for t in np.nonzero(p > 1e-9)[0]:
-                nxt[prefix + (int(t),)] = pr * float(p[t])
+                if int(t) in eos:
+                    ended[prefix] = ended.get(prefix, 0.0) + pr * float(p[t])
+                else:
+                    nxt[prefix + (int(t),)] = pr * float(p[t])
         out = nxt
-    return out
+    return {**out, **ended}
 
 
-def sample_runs(model, tok, params, runs, mode):
+def sample_runs(model, tok, params, runs, mode, seeded=False):
     model.drafter = factory.SelfDrafter(model.model, block_size=3, mode=mode)
-    return count_runs(model, tok, params, runs)
+    return count_runs(model, tok, params, runs, seeded=seeded)
 
 
-def count_runs(model, tok, params, runs):
-    """How often each first-N_TOKENS sequence comes out over `runs` seeded speculative runs."""
+def count_runs(model, tok, params, runs, prompt=PROMPT, n=N_TOKENS, blocks=(3,), seeded=True):
+    """How often each first-n-token sequence comes out over `runs` speculative runs.
+
+    Run r verifies blocks[r % len(blocks)] rows a round, so it drafts one fewer; the output law is the
+    same at every draft length, so the counts pool. max_tokens leaves room for a whole block past the
+    window, so no draft inside it is cut short, and a run stops once it has n tokens. seeded: run r has
+    seed r (the seeded requests' scheme); else unseeded requests drawing from one seeded global stream.
+    `count_runs.positions` then holds (rounds that drafted position i, rounds that accepted it).
+    """
     cache, counts = mlx_spec.make_prompt_cache(model), {}
-    for seed in range(runs):
-        p = SamplingParams(**{**params.__dict__, "seed": seed})
-        toks = [t for r in mlx_spec.stream_generate(model, tok, PROMPT, N_TOKENS, sampling=p, prompt_cache=cache,
-                                                    block_size=3) for t in r.tokens]
-        counts[tuple(toks)] = counts.get(tuple(toks), 0) + 1
+    drafted, accepted = [0] * max(blocks), [0] * max(blocks)
+    if not seeded:
+        mx.random.seed(0)
+    for r in range(runs):
+        block = blocks[r % len(blocks)]
+        p = SamplingParams(**{**params.__dict__, "seed": r if seeded else None})
+        toks = []
+        for out in mlx_spec.stream_generate(model, tok, prompt, n + block, sampling=p, prompt_cache=cache,
+                                            block_size=block):
+            toks += out.tokens
+            if len(toks) >= n:
+                break
+        for i, (d, a) in enumerate(zip(out.spec.drafted_per_position, out.spec.accepted_per_position)):
+            drafted[i], accepted[i] = drafted[i] + d, accepted[i] + a
+        counts[tuple(toks[:n])] = counts.get(tuple(toks[:n]), 0) + 1
+    count_runs.positions = list(zip(drafted, accepted))
     return counts
 
 
@@ -89,6 +117,15 @@ def test_speculative_sampling_matches_target(flat_target, params, mode):
     assert chi2_pvalue(exact, counts, runs) > 1e-3
 
 
+@pytest.mark.parametrize("mode", ["sampled", "argmax-onehot"])
+def test_seeded_sampling_matches_target(flat_target, mode):
+    model, tok = mlx_spec.load(str(flat_target), drafter=None)
+    params = CONFIGS[1]
+    exact = exact_joint(model.model, tok.encode(PROMPT), params, N_TOKENS)
+    counts = sample_runs(model, tok, params, 1200, mode, seeded=True)
+    assert chi2_pvalue(exact, counts, 1200) > 1e-3
+
+
 def test_soft_q_bug_is_detected(flat_target):
     """Argmax drafts verified against a soft q are biased; the same test must reject them."""
     params = CONFIGS[0]
@@ -120,3 +157,103 @@ def test_seed_reproducible(flat_target):
     model.drafter = factory.SelfDrafter(model.model, block_size=4)
     runs = [mlx_spec.generate(model, tok, PROMPT, 20, temperature=0.9, seed=11, block_size=4) for _ in range(2)]
     assert runs[0] == runs[1]
+
+
+# ------------------------------------------------------------------ every drafting mode, k = 2..7 drafts
+#
+# A target over 8 token ids (4 specials, 4 letters): the exact joint law of its first TINY_N tokens is
+# enumerable, and random drafters over so few ids agree with it often enough that rounds accept
+# positions 2 and 3 and also reject them there. So the accept-prefix product, the residual at a
+# rejection deep in a block, the bonus, the trim of the rejected tail and each drafter's conditional q
+# (the draft model's own cache, DSpark's Markov head) all decide tokens inside the window under test.
+
+TINY_PROMPT = "dadcadbadc"  # letters repeat: prompt lookup finds continuations to draft
+TINY_N = 4  # tokens whose joint law is checked: the first, then draft positions 1..3 of the first round
+BLOCKS = tuple(range(3, 9))  # verify widths 3..8: k = 2..7 drafts a round, pooled (one law for all)
+MODES = ("dflash", "dspark", "draft-model", "lookup")
+BIAS = {2: -2.0, 4: 0.8}  # logit_bias: EOS rarer (most windows run their full length), the letter a likelier
+LETTERS = {0: -3.0, 1: -3.0, 2: -1.5, 3: -3.0, 4: 0.5}  # and the other specials too: lookup drafts letters
+LAWS = {  # each mode under its own truncation and penalty; the slow sweep crosses them all
+    "dflash": SamplingParams(temperature=1.0, top_k=5, frequency_penalty=0.6, logit_bias=BIAS),
+    "dspark": SamplingParams(temperature=0.9, top_p=0.9, repetition_penalty=1.4, logit_bias=BIAS),
+    "draft-model": SamplingParams(temperature=1.2, min_p=0.05, presence_penalty=0.5, logit_bias=BIAS),
+    "lookup": SamplingParams(temperature=0.8, frequency_penalty=0.3, repetition_penalty=1.1, logit_bias=LETTERS),
+}
+TINY_RUNS = 800
+
+
+@pytest.fixture(scope="module")
+def tiny(models_dir):
+    """The tiny target (llama: untied head, so the drafters' mask slots do not all predict the mask
+    token) and a drafter for each mode, all of the largest block under test."""
+    tok_dir = factory.make_tiny_tokenizer(models_dir / "tiny-tokenizer")
+    target = factory.make_target(models_dir / "tiny", tok_dir, "llama", layers=2, seed=7, scale=1.6)
+    return {
+        "target": target,
+        # Flattened proposals (their logits scaled down) overlap the target's law more.
+        "dflash": factory.make_drafter(models_dir / "tiny-dflash", target, taps=(0, 1), block_size=max(BLOCKS),
+                                       output_multiplier=0.3),
+        "dspark": factory.make_dspark(models_dir / "tiny-dspark", target, taps=(0, 1), block_size=max(BLOCKS) - 1,
+                                      head_scale=0.5),
+        "draft-model": factory.make_target(models_dir / "tiny-draft", tok_dir, "llama", layers=2, seed=11, scale=1.6),
+    }
+
+
+def load_mode(tiny, mode):
+    from mlx_spec.drafters.draft_model import DraftModelDrafter
+
+    # drafter=None would mean no drafting whatever the mode; lookup needs no checkpoint.
+    model, tok = mlx_spec.load(str(tiny["target"]), drafter=str(tiny[mode]) if mode in tiny else "auto", mode=mode)
+    if mode == "draft-model":  # loaded with a default block of 4; room for the widest block under test
+        model.drafter = DraftModelDrafter(model.drafter.model, max(BLOCKS))
+    assert type(model.drafter).__name__ == {"dflash": "DFlashDrafter", "dspark": "DSparkDrafter",
+                                            "draft-model": "DraftModelDrafter", "lookup": "LookupDrafter"}[mode]
+    return model, tok
+
+
+def tiny_pvalue(tiny, mode, params, blocks=BLOCKS, seeded=False, runs=TINY_RUNS):
+    model, tok = load_mode(tiny, mode)
+    exact = exact_joint(model.model, tok.encode(TINY_PROMPT), params, TINY_N, eos=set(tok.eos_token_ids))
+    counts = count_runs(model, tok, params, runs, TINY_PROMPT, TINY_N, blocks, seeded)
+    return chi2_pvalue(exact, counts, runs)
+
+
+@pytest.mark.parametrize("mode, seeded", [(m, False) for m in MODES] + [("dspark", True)])
+def test_every_mode_follows_target_at_every_draft_length(tiny, mode, seeded):
+    """Unseeded: rejection sampling against each drafter's own q. Seeded (the other exact scheme):
+    once, with the drafter whose draws are the most involved (left to right through the Markov head)."""
+    assert tiny_pvalue(tiny, mode, LAWS[mode], seeded=seeded) > 1e-3
+    if not seeded:  # the window really holds drafts accepted and drafts rejected at positions 2 and 3
+        accepted = [a for _, a in count_runs.positions]
+        for i in (1, 2):
+            assert accepted[i] >= 20 and accepted[i - 1] - accepted[i] >= 20, (mode, count_runs.positions)
+
+
+class _NoAcceptPrefix:
+    """mlx.core as sampling.py sees it, except that cumprod is the identity: the accepted count becomes
+    the number of drafts that passed, not the length of the passing prefix (a draft after a rejected
+    one is committed). The classic accept-prefix bug, injected without touching the library."""
+
+    def __getattr__(self, name):
+        return getattr(mx, name)
+
+    @staticmethod
+    def cumprod(a, *args, **kwargs):
+        return a
+
+
+def test_accept_prefix_bug_is_detected(tiny, monkeypatch):
+    from mlx_spec.engine import sampling
+
+    monkeypatch.setattr(sampling, "mx", _NoAcceptPrefix())
+    assert tiny_pvalue(tiny, "dflash", LAWS["dflash"]) < 1e-4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", BLOCKS)
+@pytest.mark.parametrize("law", list(LAWS))
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_every_law_every_draft_length(tiny, mode, law, block):
+    """Extra coverage: each draft length alone (no pooling), every mode under every law, both schemes."""
+    for seeded in (False, True):
+        assert tiny_pvalue(tiny, mode, LAWS[law], blocks=(block,), seeded=seeded, runs=1500) > 1e-3, seeded

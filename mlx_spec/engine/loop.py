@@ -80,7 +80,7 @@ def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iter
     pc.add(rest[-1:], hidden)
     # The prompt's last token is in the cache and the first token is on its way: the state of
     # plain decoding running ahead, so a first plain round is queued before the first token is read.
-    s.anchor, s.ahead = pc.tokens[-1], s.sampler.next_token(pc.tokens, logits[0, -1:])
+    s.anchor, s.ahead = pc.tokens[-1], s.sampler.next_token(pc.tokens, logits[0, -1:], len(pc.tokens))
     yield plain_round(target, s)
 
 
@@ -97,7 +97,7 @@ def step(target, drafter, states: list[DecodeState]) -> list[Round]:
     for i, (s, p) in enumerate(zip(states, proposals)):
         history = s.pc.tokens + [s.anchor] if s.sampler.processors else None
         rows = s.sampler.process(history, p.tokens, logits[i, : len(p) + 1])
-        accepted, tokens = accept(rows, p, s.sampler, target.kernels)
+        accepted, tokens = accept(rows, p, s.sampler, target.kernels, position=len(s.pc.tokens) + 1)
         commit(s, tokens, None if hidden is None else hidden[i : i + 1], width)
         s.lengths.update(len(p), accepted)
         rounds.append(Round(tokens, len(p), accepted))
@@ -114,7 +114,7 @@ def plan(s: DecodeState, budget: int | None = None) -> int:
 def draft(drafter, s: DecodeState) -> Draft:
     if drafter is None or s.k == 0:
         return Draft(mx.zeros((0,), mx.int32))
-    proposal = drafter.propose(s.pc.drafter_state(), s.anchor, s.k, s.sampler)
+    proposal = drafter.propose(s.pc.drafter_state(), s.anchor, s.k, s.sampler.drafting(len(s.pc.tokens) + 1))
     mx.async_eval(proposal.tokens)  # the drafter runs while the host builds the verify pass
     return proposal
 
@@ -169,7 +169,7 @@ def advance(target, s: DecodeState, token: mx.array) -> tuple[mx.array, mx.array
     """Queue the target's pass over one token (its value may not be known yet): the next token, lazily."""
     logits, hidden = target(token[None], s.pc.cache)
     history = mx.concatenate([mx.array(s.pc.tokens, mx.int32), token]) if s.sampler.processors else None
-    nxt = s.sampler.next_token(history, logits[0])
+    nxt = s.sampler.next_token(history, logits[0], len(s.pc.tokens) + 1)
     mx.async_eval(nxt)
     return nxt, hidden
 
