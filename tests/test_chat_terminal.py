@@ -207,8 +207,29 @@ def test_multiline_paste_completion_and_ctrl_c_on_the_line(chat, tmp_path):
     t.keys("C-c")  # drops the typed line, keeps the chat
     t.ready()
     assert "verbose = on" not in t.screen()
-    t.keys("C-c")  # on an empty line: leave
+    t.keys("C-d")
     assert t.exit_status() == 0
+
+
+def test_ctrl_c_on_an_empty_line_or_after_a_reply_does_not_leave(chat, tmp_path):
+    t = chat("--baseline-tokens", "0")
+    t.ready()
+    t.keys("C-c")  # at the empty prompt: a hint, as ollama gives, not an exit
+    t.wait("Use Ctrl-D or /bye to exit", what="the exit hint")
+    t.ready()
+    assert not t.status.exists()
+    t.send("hello")
+    t.keys("C-c")  # meant to stop the reply, but it has already ended
+    t.wait(lambda s: s.count("Use Ctrl-D or /bye to exit") == 2, what="the second hint")
+    t.keys("C-c")
+    t.wait(lambda s: s.count("Use Ctrl-D or /bye to exit") == 3, what="the third hint")
+    f = tmp_path / "kept.json"
+    t.send(f"/save {f}")  # the conversation survived
+    assert [m["role"] for m in json.loads(f.read_text())["messages"]] == ["user", "assistant"]
+    assert not t.status.exists()
+    t.type("/bye")
+    assert t.exit_status() == 0
+    assert "Traceback" not in t.screen()
 
 
 def test_history_persists_and_ctrl_d_exits(chat):

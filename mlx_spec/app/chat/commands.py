@@ -26,7 +26,7 @@ class Spec:
 
 SPECS = (
     Spec("help", "/help [COMMAND]", "list the commands, or explain one", ("?",), "command"),
-    Spec("bye", "/bye", "leave (also Ctrl-D, or Ctrl-C on an empty line)", ("exit", "quit")),
+    Spec("bye", "/bye", "leave (also Ctrl-D)", ("exit", "quit")),
     Spec("clear", "/clear", "start a new conversation (the system message stays)"),
     Spec("regen", "/regen", "drop the last reply and generate it again"),
     Spec("system", "/system [TEXT|off]", "show, set or remove the system message", args="text"),

@@ -17,7 +17,7 @@ EXIT = object()  # returned by a handler to end the chat
 KEYS = [
     ('"""', 'start a multi-line message; end it with """ (a paste is one message too)'),
     ("Alt-Enter", "new line without sending"),
-    ("Ctrl-C", "stop the reply (what came so far is kept); on an empty line: leave"),
+    ("Ctrl-C", "stop the reply (what came so far is kept); drop a typed line"),
     ("Ctrl-D", "leave"),
     ("Tab, ↑/↓, Ctrl-R", "complete a command; history; search history"),
     ("//text", "send a message that starts with '/'"),

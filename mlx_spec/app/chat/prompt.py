@@ -24,6 +24,11 @@ from .commands import BY_NAME, complete, is_command, unquote
 PROMPT = ">>> "
 CONTINUATION = "... "
 PLACEHOLDER = "Send a message (/? for help)"
+EXIT_HINT = "Use Ctrl-D or /bye to exit"
+
+
+class EmptyInterrupt(Exception):
+    """Ctrl-C on an empty line: not a way out (a Ctrl-C meant for a reply that just ended lands here)."""
 
 
 def default_history() -> Path:
@@ -61,7 +66,8 @@ class TerminalInput:
         )
 
     def read(self) -> str:
-        """The next input; '' when Ctrl-C discarded a line. Raises EOFError to leave."""
+        """The next input; '' when Ctrl-C discarded a line. Raises EOFError to leave, EmptyInterrupt
+        for a Ctrl-C on an empty line."""
         try:
             return self.session.prompt(PROMPT)
         except KeyboardInterrupt:
@@ -123,8 +129,8 @@ def _bindings() -> KeyBindings:
 
     @kb.add("c-c", filter=editing)
     def _(event):
-        # Like a shell: Ctrl-C drops a typed line; on an empty line it leaves.
-        exc = KeyboardInterrupt if event.current_buffer.text else EOFError
+        # Ctrl-C drops a typed line; on an empty line it only says how to leave (as ollama does).
+        exc = KeyboardInterrupt if event.current_buffer.text else EmptyInterrupt
         event.app.exit(exception=exc, style="class:aborting")
 
     return kb

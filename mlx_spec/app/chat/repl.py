@@ -10,7 +10,7 @@ from mlx_spec.generate import SpecStats
 from .commands import CommandError, is_command, parse
 from .conversation import Conversation
 from .handlers import EXIT, HANDLERS
-from .prompt import message_text
+from .prompt import EXIT_HINT, EmptyInterrupt, message_text
 from .render import Output, ReplyWriter
 from .session import Session
 from .settings import Settings
@@ -43,6 +43,9 @@ class Chat:
                 line = self.reader.read()
             except EOFError:
                 return 0
+            except EmptyInterrupt:
+                self.out.hint(EXIT_HINT)
+                continue
             try:
                 if self.handle(line) is EXIT:
                     return 0
