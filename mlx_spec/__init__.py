@@ -3,13 +3,13 @@
 from .engine.cache import PromptCache
 from .engine.sampling import SamplingParams
 from .errors import ContextOverflowError, DrafterMismatchError, LoadError, MlxSpecError
-from .generate import (Generation, GenerationResponse, SpecStats, encode_prompt, generate, make_generation,
-                       make_prompt_cache, step_all, stream_generate)
+from .generate import (Generation, GenerationResponse, SpecStats, check_block_size, encode_prompt, generate,
+                       make_generation, make_prompt_cache, step_all, stream_generate)
 from .loading import load
 
 __version__ = "0.1.0"
 __all__ = [
     "load", "generate", "stream_generate", "make_prompt_cache", "GenerationResponse", "SpecStats",
-    "Generation", "make_generation", "step_all", "encode_prompt",
+    "Generation", "make_generation", "step_all", "encode_prompt", "check_block_size",
     "SamplingParams", "PromptCache", "MlxSpecError", "LoadError", "DrafterMismatchError", "ContextOverflowError",
 ]

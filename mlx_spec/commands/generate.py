@@ -39,5 +39,6 @@ def summary(r, speculative: bool) -> str:
             f"generation: {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s")
     if speculative and r.spec is not None and r.spec.rounds:
         s = r.spec
-        line += f" | τ {s.tau:.2f} ({s.accepted}/{s.drafted} drafts accepted in {s.rounds} rounds)"
+        line += (f" | τ {s.tau:.2f} ({s.accepted}/{s.drafted} drafts accepted in {s.drafting_rounds} drafting rounds"
+                 f" of {s.rounds}; {s.tokens_per_pass:.2f} tokens per target pass)")
     return line + f" | peak memory {r.peak_memory:.3f} GB"

@@ -1,0 +1,76 @@
+"""What a generation returns and refuses: tokens up to a stop string, one definition of τ, block-size bounds."""
+
+import subprocess
+import sys
+
+import pytest
+
+import mlx_spec
+from mlx_spec.engine.loop import Round
+from mlx_spec.models import DEFAULT_DRAFTER, DEFAULT_TARGET
+
+PROMPT = [{"role": "user", "content": "Write a Python function that reverses a string."}]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return mlx_spec.load(str(DEFAULT_TARGET), drafter=str(DEFAULT_DRAFTER))
+
+
+def tokens_of(responses):
+    return [t for r in responses for t in r.tokens]
+
+
+@pytest.mark.parametrize("block", [1, 2, 4, 6, 8])
+def test_tokens_stop_at_the_one_that_completes_a_stop_string(pair, block):
+    model, tok = pair
+    ref = tokens_of(mlx_spec.stream_generate(model, tok, PROMPT, 48, block_size=1))
+    # A stop string that completes at the 10th generated token, mid-way through its piece of text.
+    before, upto = tok.decode(ref[:9]), tok.decode(ref[:10])
+    stop = upto[len(before) - 2:]
+    assert stop.strip() and stop not in before
+    cut = next(j for j in range(1, len(ref) + 1) if stop in tok.decode(ref[:j]))
+    out = list(mlx_spec.stream_generate(model, tok, PROMPT, 48, block_size=block, stop=[stop]))
+    last = out[-1]
+    assert tokens_of(out) == ref[:cut]
+    assert last.generation_tokens == cut and last.finish_reason == "stop"
+    assert "".join(r.text for r in out) == tok.decode(ref[:cut]).split(stop)[0]
+    if block >= 6:  # the stop completed inside an accepted block: the round committed more than was output
+        assert last.spec.accepted + last.spec.rounds + 1 > cut, last.spec.as_dict()
+
+
+def test_tau_counts_only_rounds_that_drafted():
+    s = mlx_spec.SpecStats()
+    for r in [Round([1], 0, 0), Round([1], 0, 0), Round([1, 2, 3, 4], 3, 3), Round([5, 6], 4, 1)]:
+        s.add(r)
+    assert s.tau == pytest.approx(1 + 4 / 2)  # vLLM's mean acceptance length
+    assert s.tokens_per_pass == pytest.approx(8 / 4)
+    assert s.as_dict()["drafting_rounds"] == 2
+    assert mlx_spec.SpecStats().tau == 0.0
+
+
+def test_tau_of_an_adaptive_run_matches_its_counters(pair):
+    model, tok = pair
+    last = list(mlx_spec.stream_generate(model, tok, PROMPT, 64))[-1].spec
+    assert last.tau == pytest.approx(1 + last.accepted / last.drafting_rounds)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 9, 99, 2.5, True])
+def test_block_size_is_checked_by_the_library(pair, bad):
+    model, tok = pair
+    with pytest.raises(mlx_spec.MlxSpecError, match="block size must be an integer from 1 to 8"):
+        mlx_spec.make_generation(model, tok, "hi", 8, block_size=bad)
+
+
+def test_block_size_without_a_drafter(pair):
+    plain, tok = mlx_spec.load(str(DEFAULT_TARGET), drafter=None)
+    mlx_spec.make_generation(plain, tok, "hi", 8, block_size=1)
+    with pytest.raises(mlx_spec.MlxSpecError, match="there is no drafter"):
+        mlx_spec.make_generation(plain, tok, "hi", 8, block_size=4)
+
+
+@pytest.mark.parametrize("value", ["0", "99"])
+def test_cli_refuses_a_block_size_the_drafter_cannot_verify(value):
+    out = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "generate", "--prompt", "hi", "-m", "4",
+                          "--block-size", value], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2 and "block size must be an integer from 1 to 8" in out.stderr, out.stderr
