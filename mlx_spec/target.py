@@ -1,7 +1,8 @@
 """The target as the engine sees it: an mlx-lm model plus taps on chosen decoder layers.
 
 Taps are small wrapper modules substituted into the loaded model's own layer list;
-the model's forward is untouched, so any mlx-lm architecture exposing `.layers` works.
+the model's forward is untouched, so any mlx-lm architecture with a list of decoder layers
+works, whatever the layer type (attention, Gated DeltaNet, Mamba2, convolution).
 """
 
 from __future__ import annotations
@@ -49,16 +50,35 @@ class LayerTap(nn.Module):
             return getattr(self["inner"], key)
 
 
+def find_layers(model: nn.Module) -> tuple[nn.Module, nn.Module, list]:
+    """(the module that owns the decoder layer list, its parent, the list itself), found generically.
+
+    The list object itself is returned (not a sliced copy such as `pipeline_layers`): taps are
+    substituted into it. Layouts differ: `model.layers` (qwen3, llama, ...), `language_model.model.layers`
+    (qwen3_5 and other multimodal checkpoints), `backbone.layers` (nemotron_h). The shallowest
+    `layers` list of modules wins; among equals, the language model's.
+    """
+    level = [(model, model)]
+    while level:
+        found = [(mod, parent) for mod, parent in level
+                 if isinstance(mod.get("layers"), list) and mod["layers"] and isinstance(mod["layers"][0], nn.Module)]
+        if found:
+            mod, parent = found[0]
+            return mod, parent, mod["layers"]
+        level = [(child, mod) for mod, _ in level for child in mod.children().values() if isinstance(child, nn.Module)]
+    raise LoadError(f"{type(model).__module__} does not expose its decoder layers; cannot tap hidden states")
+
+
 def decoder_layers(model: nn.Module) -> list:
-    """The list object that stores the decoder layers (not a sliced copy such as `pipeline_layers`)."""
-    for owner in (model, getattr(model, "language_model", None)):
-        inner = owner.get("model") if isinstance(owner, nn.Module) else None
-        if isinstance(inner, nn.Module) and isinstance(inner.get("layers"), list) and inner["layers"]:
-            return inner["layers"]
-    layers = model.get("layers") if isinstance(model, nn.Module) else None
-    if not isinstance(layers, list) or not layers:
-        raise LoadError(f"{type(model).__module__} does not expose its decoder layers; cannot tap hidden states")
-    return layers
+    return find_layers(model)[2]
+
+
+def _first(module: nn.Module, names: tuple[str, ...]):
+    return next((module[n] for n in names if isinstance(module.get(n), nn.Module)), None)
+
+
+EMBEDDINGS = ("embed_tokens", "embeddings", "wte")
+FINAL_NORMS = ("norm", "norm_f", "final_layernorm", "embedding_norm", "ln_f")  # lfm2's final norm is `embedding_norm`
 
 
 class Target:
@@ -101,17 +121,26 @@ class Target:
         return logits.astype(mx.float32), hidden
 
     # The drafter borrows the target's embedding and LM head.
+    def _embedding(self) -> nn.Module:
+        owner, parent, _ = find_layers(self.model)
+        emb = _first(owner, EMBEDDINGS) or _first(parent, EMBEDDINGS)
+        if emb is None:
+            raise LoadError(f"cannot find the embedding of {self.model_type}")
+        return emb
+
     def embed(self, tokens: mx.array) -> mx.array:
-        inner = getattr(self.model, "model", self.model)
-        h = inner.embed_tokens(tokens)
+        emb = self._embedding()
+        h = emb(tokens)
         if self.model_type.startswith("gemma"):
-            h = h * mx.array(inner.embed_tokens.weight.shape[-1] ** 0.5, h.dtype)
+            h = h * mx.array(emb.weight.shape[-1] ** 0.5, h.dtype)
         return h
 
     def lm_head(self, h: mx.array) -> mx.array:
-        if hasattr(self.model, "lm_head"):
-            return self.model.lm_head(h)
-        return getattr(self.model, "model", self.model).embed_tokens.as_linear(h)
+        _, parent, _ = find_layers(self.model)
+        for holder in (parent, self.model):  # qwen3_5: under `language_model`; most: the model itself
+            if isinstance(holder.get("lm_head"), nn.Module):
+                return holder["lm_head"](h)
+        return self._embedding().as_linear(h)  # tied embeddings
 
     @property
     def model_type(self) -> str:
@@ -126,7 +155,7 @@ class Target:
         self.set_taps((self.num_layers - 1,))
         try:
             logits, hidden = self(mx.array([tokens]), cache=None)
-            norm = getattr(getattr(self.model, "model", self.model), "norm", None)
+            norm = _first(find_layers(self.model)[0], FINAL_NORMS)
             if norm is None:
                 return
             mine = self.lm_head(norm(hidden)).astype(mx.float32)

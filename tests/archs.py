@@ -24,6 +24,42 @@ FAMILIES = {
     # alternating sliding/full attention with attention sinks, MoE MLP
     "gpt_oss": dict(model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
                     layer_types=["sliding_attention", "full_attention"] * 2, intermediate_size=64),
+    "qwen3_moe": dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+                      mlp_only_layers=[], moe_intermediate_size=64, norm_topk_prob=True),
+    # Gated DeltaNet + full attention (every 2nd layer here)
+    "qwen3_5": dict(model_type="qwen3_5", text_config=dict(
+        model_type="qwen3_5_text", hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512, linear_num_value_heads=4,
+        linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        full_attention_interval=2, tie_word_embeddings=True,
+        rope_parameters=dict(rope_theta=10000.0, partial_rotary_factor=0.5, rope_type="default"))),
+    "qwen3_next": dict(model_type="qwen3_next", linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+                       linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
+                       decoder_sparse_step=1, shared_expert_intermediate_size=64, mlp_only_layers=[],
+                       moe_intermediate_size=64, partial_rotary_factor=0.5, full_attention_interval=2),
+    # Mamba2 + attention + MLP blocks, layers under `backbone`
+    "nemotron_h": dict(model_type="nemotron_h", hybrid_override_pattern=["M", "*", "M", "-"], attention_bias=False,
+                       mamba_num_heads=4, mamba_head_dim=16, mamba_proj_bias=False, ssm_state_size=16, conv_kernel=4,
+                       n_groups=1, mlp_bias=False, layer_norm_epsilon=1e-6, use_bias=False, use_conv_bias=True,
+                       time_step_limit=[0.0, 1e9]),
+    # Mamba2 and attention in every layer: a CacheList per layer
+    "falcon_h1": dict(model_type="falcon_h1", mamba_d_conv=4, mamba_d_head=16, mamba_d_ssm=64, mamba_d_state=16,
+                      mamba_n_heads=4, mamba_n_groups=1, mamba_chunk_size=16, rope_theta=10000.0),
+    # short convolutions + attention
+    "lfm2": dict(model_type="lfm2", norm_eps=1e-6, conv_bias=False, conv_L_cache=3, block_dim=64, block_multiple_of=16,
+                 block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=False, block_ff_dim=128,
+                 full_attn_idxs=[1, 3]),
+    "granitemoehybrid": dict(model_type="granitemoehybrid", attention_bias=False, embedding_multiplier=1.0,
+                             attention_multiplier=0.25, logits_scaling=1.0, residual_multiplier=1.0,
+                             layer_types=["mamba", "attention", "mamba", "attention"], num_local_experts=4,
+                             num_experts_per_tok=2, shared_intermediate_size=64, mamba_n_heads=4, mamba_d_head=16,
+                             mamba_d_state=16, mamba_n_groups=1, mamba_d_conv=4, mamba_expand=1, mamba_chunk_size=16,
+                             mamba_conv_bias=True, mamba_proj_bias=False, position_embedding_type="rope"),
+    # Kimi Delta Attention + MLA
+    "kimi_linear": dict(model_type="kimi_linear", model_max_length=512, num_experts=4, moe_intermediate_size=64,
+                        kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, num_experts_per_token=2,
+                        first_k_dense_replace=1, linear_attn_config=dict(kda_layers=[1, 3], full_attn_layers=[2, 4],
+                                                                          num_heads=4, head_dim=16, short_conv_kernel_size=4)),
 }
 
 
@@ -36,6 +72,8 @@ def make(out: Path, tokenizer_dir: Path, family: str, layers: int = 4, seed: int
         return out
     vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
     config = {**COMMON, "num_hidden_layers": layers, "vocab_size": vocab, **FAMILIES[family], **overrides}
+    if "text_config" in config:  # a multimodal checkpoint's layout: the language model's settings nested
+        config["text_config"] = {"vocab_size": vocab, **config["text_config"]}
     config["architectures"] = ["RandomForTests"]
     config["eos_token_id"] = 2
     mx.random.seed(seed)

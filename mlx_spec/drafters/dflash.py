@@ -19,6 +19,7 @@ from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from ..errors import DrafterMismatchError, LoadError
+from ..model_files import check_safetensors, read_config
 from .base import Draft
 
 
@@ -250,15 +251,13 @@ def detect_kind(cfg: dict, weight_names: set[str]) -> str:
         return "dspark"
     if "dflash_config" in cfg or "DFlash" in archs or "fc.weight" in weight_names:
         return "dflash"
-    if "model_type" in cfg and any("embed_tokens" in w for w in weight_names):
+    if "model_type" in cfg and any("embed_tokens" in w or ".embeddings." in w for w in weight_names):  # nemotron_h: backbone.embeddings
         return "lm"
     return "unknown"
 
 
 def load_dflash(path: Path, target, target_config: dict) -> DFlashDrafter:
     """Load a DFlash drafter folder and check that it fits `target` (a `Target`)."""
-    from ..loading import check_safetensors, read_config
-
     raw = read_config(path)
     files = check_safetensors(path)
     weights = {}
@@ -268,7 +267,7 @@ def load_dflash(path: Path, target, target_config: dict) -> DFlashDrafter:
     if kind != "dflash":
         hint = {
             "dflash2": "a DFlash 2 drafter; DFlash 2 is not supported yet",
-            "dspark": "a DSpark drafter, not a DFlash one; DSpark is not supported yet",
+            "dspark": "a DSpark drafter, not a DFlash one (load it with --mode dspark or auto)",
             "lm": "a plain language model, not a DFlash drafter",
         }.get(kind, "not a DFlash drafter")
         raise DrafterMismatchError(f"{path} is {hint}")

@@ -1,53 +1,16 @@
-"""Caches that can roll back: rollback is `trim(n)` on each cache type, never loop code."""
+"""A conversation's caches: rollback is a capability of each cache type (engine/rollback.py), never loop code."""
 
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import CacheList, ConcatenateKVCache, KVCache, QuantizedKVCache, RotatingKVCache, make_prompt_cache
+from mlx.utils import tree_flatten
 
 from ..errors import MlxSpecError
+from .rollback import UNBOUNDED, leaves, make_cache, max_trim, pending, replayed, restore, rewindable, snapshot, \
+    spec_caches, trim
 from .rotating import SpecRotatingKVCache
 
-
-def spec_caches(caches: list, slack: int = 0) -> list:
-    """mlx-lm's caches with sliding windows swapped for ones that trim exactly after they wrap."""
-    def swap(c):
-        if type(c) is RotatingKVCache and c.keep == 0:
-            return SpecRotatingKVCache.like(c, slack)
-        if isinstance(c, CacheList):
-            return CacheList(*(swap(x) for x in c.caches))
-        return c
-
-    return [swap(c) for c in caches]
-
-
-UNBOUNDED = 1 << 60  # a plain KV cache can go back to any earlier token
-
-
-def max_trim(c) -> int:
-    """How many of its newest rows a cache can drop and be exactly as it was (a cache type's capability)."""
-    own = getattr(c, "max_trim", None)
-    if own is not None:
-        return own()
-    if isinstance(c, CacheList):
-        return min(max_trim(x) for x in c.caches)
-    if type(c) in (KVCache, QuantizedKVCache, ConcatenateKVCache):
-        return UNBOUNDED
-    return 0
-
-
-def make_cache(model) -> list:
-    """The target's prompt cache, with every layer's cache able to roll back."""
-    caches = spec_caches(make_prompt_cache(model))
-    bad = {type(c).__name__ for c in caches if not c.is_trimmable()}
-    if bad:
-        raise MlxSpecError(f"speculative decoding needs caches that can roll back; {', '.join(sorted(bad))} cannot")
-    return caches
-
-
-def trim(caches: list, n: int) -> None:
-    for c in caches:
-        c.trim(n)
+__all__ = ["PromptCache", "make_cache", "trim", "max_trim", "spec_caches", "eval_state", "SpecRotatingKVCache"]
 
 
 class PromptCache:
@@ -56,23 +19,45 @@ class PromptCache:
     Rows reach the drafter lazily: committed rows wait until the drafter next drafts, then go in
     one batched update (and while speculation is off, only every FLUSH_ROWS rows). A follow-up turn
     truncates both to the common prefix and prefills only the rest.
+
+    Caches that cannot go back to any earlier token (sliding windows after they wrap, recurrent
+    states) also keep checkpoints: the state at the end of each of the latest prompts (before
+    its last token), so that a regenerated reply, an edited last message or a follow-up turn reuse
+    the longest checkpointed prefix and re-prefill only what follows it. Checkpoints hold
+    references, not copies: MLX arrays are immutable and these caches never write in place.
     """
 
     FLUSH_ROWS = 256  # bounds the hidden states held for the drafter
+    CHECKPOINTS = 4  # prompt ends kept (turn boundaries of a conversation)
 
     def __init__(self, model, drafter=None):
         self.model = model
-        self.cache = make_cache(model)  # the target's per-layer caches
-        self.tokens: list[int] = []  # tokens whose rows are in `cache`
-        self.reused = 0  # prompt tokens the last `reuse` found already cached
         self._drafter = drafter
-        self._state = drafter.make_state() if drafter is not None else None
+        self.reset()
+        self.reused = 0  # prompt tokens the last `reuse` found already cached
+
+    def reset(self) -> None:
+        """Forget everything: a fresh target cache and drafter state."""
+        self.cache = make_cache(self.model, rollback=self._drafter is not None)  # the target's per-layer caches
+        self.tokens: list[int] = []  # tokens whose rows are in `cache`
+        self._state = self._drafter.make_state() if self._drafter is not None else None
         self._pending: list[tuple[mx.array | None, list[int]]] = []  # rows the drafter has not seen
         self._pending_rows = 0
+        self._checkpoints = min((max_trim(c) for c in leaves(self.cache)), default=UNBOUNDED) < UNBOUNDED
+        self._marks: list[tuple[int, list]] = []  # (tokens, snapshot), by position
+        self._mark_at: int | None = None  # take the checkpoint when the cache holds this many tokens
 
     def add(self, tokens: list[int], hidden: mx.array | None) -> None:
         """Rows just written to the target cache, with their tapped hidden states [1, n, taps*H] (or None)."""
+        behind = pending(self.cache)
+        if behind:  # a recurrent state was rewound past a rejected draft: feed it the accepted tokens again
+            if behind != len(tokens):
+                raise MlxSpecError(f"{behind} tokens to replay, {len(tokens)} committed")
+            self.model(mx.array([tokens]), cache=self.cache)
+            replayed(self.cache)
         self.tokens += tokens
+        if len(self.tokens) == self._mark_at:
+            self._checkpoint()
         if self._drafter is None:
             return
         self._pending.append((hidden, list(tokens)))
@@ -89,16 +74,9 @@ class PromptCache:
             self._pending, self._pending_rows = [], 0
         return self._state
 
-    def reset(self) -> None:
-        """Forget everything: a fresh target cache and drafter state."""
-        self.cache = make_cache(self.model)
-        self.tokens = []
-        self._state = self._drafter.make_state() if self._drafter is not None else None
-        self._pending, self._pending_rows = [], 0
-
     def max_trim(self) -> int:
         """Tokens the target's cache can give back exactly (a sliding window keeps only a few spare rows)."""
-        return min((max_trim(c) for c in self.cache), default=UNBOUNDED)
+        return rewindable(self.cache)
 
     def truncate(self, n: int) -> None:
         """Keep the first n tokens, in the target's cache and the drafter's state alike."""
@@ -107,27 +85,49 @@ class PromptCache:
             return
         if drop > self.max_trim():
             raise MlxSpecError(f"cannot roll the cache back {drop} tokens exactly (at most {self.max_trim()})")
-        trim(self.cache, drop)
+        replay = trim(self.cache, drop)
+        if replay:
+            self.model(mx.array([self.tokens[n - replay : n]]), cache=self.cache)
+            replayed(self.cache)
+        self._forget(n)
+
+    def _forget(self, n: int) -> None:
+        """The target's cache holds the first n tokens again: match the drafter and the checkpoint."""
         if self._drafter is not None:
             state = self.drafter_state()
             state.trim(max(0, state.offset - n))
         del self.tokens[n:]
+        self._marks = [m for m in self._marks if m[0] <= n]
+
+    def _checkpoint(self) -> None:
+        n = len(self.tokens)
+        if self._checkpoints and all(pos != n for pos, _ in self._marks):
+            self._marks = (self._marks + [(n, snapshot(self.cache))])[-self.CHECKPOINTS:]
 
     def reuse(self, prompt: list[int]) -> int:
-        """Truncate to the longest common prefix with `prompt` (keeping >= 1 token to prefill); returns
-        the tokens really reused. What the caches cannot give back exactly is not reused: then the
-        cache starts afresh and the whole prompt is prefilled."""
+        """Go back to the longest common prefix with `prompt` (keeping >= 1 token to prefill); returns
+        the tokens really reused. What the caches cannot give back exactly is not reused: they go
+        back to the checkpoint if it lies within the common prefix, else start afresh."""
         n = 0
         limit = min(len(self.tokens), len(prompt) - 1)
         while n < limit and self.tokens[n] == prompt[n]:
             n += 1
-        if len(self.tokens) - n > self.max_trim():
+        usable = [m for m in self._marks if m[0] <= n]
+        if len(self.tokens) - n <= self.max_trim():
+            self.truncate(n)
+        elif usable:
+            n, snap = usable[-1]
+            restore(self.cache, snap)
+            self._forget(n)
+        else:
             self.reset()
             n = 0
-        self.truncate(n)
         self.reused = n
+        self._mark_at = len(prompt) - 1
+        if n == self._mark_at:
+            self._checkpoint()
         return n
 
 
 def eval_state(pc: PromptCache) -> None:
-    mx.eval([c.state for c in pc.cache])
+    mx.eval([a for _, a in tree_flatten([c.state for c in pc.cache]) if isinstance(a, mx.array)])

@@ -1,0 +1,119 @@
+"""What each cache type can give back, and how: the one place that knows the cache types.
+
+- plain KV caches drop any number of newest rows;
+- sliding windows (SpecRotatingKVCache) drop as many as they keep beyond the window (`max_trim`);
+- recurrent/conv states (RecurrentCache) undo their latest update, and the accepted part of it
+  is replayed (`trim` returns how many tokens; PromptCache feeds them);
+- any of them can be put back to a checkpoint (`snapshot`/`restore`), which is how prefix reuse
+  reaches back further than a trim can.
+"""
+
+from __future__ import annotations
+
+from mlx_lm.models.cache import ArraysCache, CacheList, ConcatenateKVCache, KVCache, QuantizedKVCache, \
+    RotatingKVCache, make_prompt_cache
+
+from ..errors import MlxSpecError
+from .recurrent import RecurrentCache
+from .rotating import SpecRotatingKVCache
+
+UNBOUNDED = 1 << 60  # a plain KV cache can go back to any earlier token
+PLAIN_KV = (KVCache, QuantizedKVCache, ConcatenateKVCache)
+
+
+def spec_caches(caches: list, slack: int = 0) -> list:
+    """mlx-lm's caches, with sliding windows and recurrent states swapped for ones that roll back exactly."""
+    def swap(c):
+        if type(c) is RotatingKVCache and c.keep == 0:
+            return SpecRotatingKVCache.like(c, slack)
+        if type(c) is ArraysCache:
+            return RecurrentCache.like(c)
+        if isinstance(c, CacheList):
+            return CacheList(*(swap(x) for x in c.caches))
+        return c
+
+    return [swap(c) for c in caches]
+
+
+def leaves(caches: list) -> list:
+    out = []
+    for c in caches:
+        out += leaves(list(c.caches)) if isinstance(c, CacheList) else [c]
+    return out
+
+
+def can_roll_back(c) -> bool:
+    return type(c) in PLAIN_KV or isinstance(c, (SpecRotatingKVCache, RecurrentCache))
+
+
+def make_cache(model, rollback: bool = True) -> list:
+    """The target's prompt cache. Speculation needs every layer able to roll back; plain decoding does not."""
+    caches = spec_caches(make_prompt_cache(model))
+    bad = {type(c).__name__ for c in leaves(caches) if not can_roll_back(c)}
+    if rollback and bad:
+        kind = getattr(model, "model_type", type(model).__module__)
+        raise MlxSpecError(f"speculative decoding on {kind} needs caches that can roll back; "
+                           f"{', '.join(sorted(bad))} cannot (plain decoding works)")
+    return caches
+
+
+def max_trim(c) -> int:
+    """How many newest rows a cache can drop and be exactly as it was back then."""
+    if isinstance(c, CacheList):
+        return min(max_trim(x) for x in c.caches)
+    if type(c) in PLAIN_KV:
+        return UNBOUNDED
+    own = getattr(c, "max_trim", None)
+    return own() if own is not None else 0
+
+
+def rewindable(caches: list) -> int:
+    """How many newest tokens `trim` can take back exactly, by trimming or by rewind + replay."""
+    flat = leaves(caches)
+    rec = [c for c in flat if isinstance(c, RecurrentCache)]
+    if not rec:
+        return min((max_trim(c) for c in flat), default=UNBOUNDED)
+    last = min(c.last_n if c._before is not None else 0 for c in rec)
+    return last if all(max_trim(c) >= last for c in flat if not isinstance(c, RecurrentCache)) else 0
+
+
+def trim(caches: list, n: int) -> int:
+    """Take back the newest n tokens. Returns how many tokens before them must be fed again (0 without
+    recurrent layers): a recurrent state goes back to before its latest update, every other layer
+    to the same point, and the caller replays the kept part of that update (PromptCache.add)."""
+    if n <= 0:
+        return 0
+    flat = leaves(caches)
+    replay = 0
+    for c in flat:
+        if isinstance(c, RecurrentCache):
+            replay = c.rewind(n)
+    for c in flat:
+        if not isinstance(c, RecurrentCache):
+            c.trim(n + replay)
+    return replay
+
+
+def pending(caches: list) -> int:
+    """Tokens rewound and waiting to be replayed."""
+    return max((c.pending for c in leaves(caches) if isinstance(c, RecurrentCache)), default=0)
+
+
+def replayed(caches: list) -> None:
+    for c in leaves(caches):
+        if isinstance(c, RecurrentCache):
+            c.pending = 0
+
+
+def snapshot(caches: list) -> list:
+    """A checkpoint of every layer, by reference (no copies): plain KV layers just note their length."""
+    return [c.snapshot() if hasattr(c, "snapshot") else c.offset for c in leaves(caches)]
+
+
+def restore(caches: list, snap: list) -> None:
+    for c, s in zip(leaves(caches), snap):
+        if hasattr(c, "restore"):
+            c.restore(s)
+        else:  # rows before the checkpoint are untouched: later writes only went past it
+            c.trim(c.offset - s)
+

@@ -1,0 +1,91 @@
+"""Hybrid (Gated DeltaNet, Mamba2, short-conv, KDA), sliding-window and MoE targets under the one loop, exactly.
+
+For each family (tiny random models in the on-disk format): plain decoding works; greedy
+speculative output equals mlx-lm's plain greedy token for token with oracle drafters that accept
+nothing, everything or a part (so recurrent states are rewound and replayed after partial
+acceptance), with a DFlash drafter tapping its layers (linear-attention ones included), with prompt
+lookup and with a draft model; multi-turn reuse equals a fresh run.
+"""
+
+import mlx_lm
+import pytest
+
+import archs
+import factory
+import mlx_spec
+from mlx_spec.engine.recurrent import RecurrentCache
+
+FAMILIES = ["qwen3_5", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "granitemoehybrid", "kimi_linear",
+            "gemma3_text", "gpt_oss", "qwen3_moe"]
+PROMPT = "Hello, how are you"
+N = 30
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request, models_dir, tokenizer_dir):
+    return request.param, archs.make(models_dir / f"hy-{request.param}", tokenizer_dir, request.param, seed=3)
+
+
+def plain(model_dir, prompt=PROMPT, n=N):
+    model, tok = mlx_lm.load(str(model_dir))
+    rs = list(mlx_lm.stream_generate(model, tok, prompt, max_tokens=n))
+    tokens = [r.token for r in rs]
+    return tokens[:-1] if rs[-1].finish_reason == "stop" else tokens
+
+
+def spec(model, tok, prompt, n=N, **kw):
+    out = []
+    for r in mlx_spec.stream_generate(model, tok, prompt, max_tokens=n, **kw):
+        out += r.tokens
+    return out, r
+
+
+def test_oracle_drafters_match_plain_greedy(family):
+    """Partial acceptance on every family: rejected drafts are rolled back exactly, block sizes 2..16."""
+    name, target = family
+    ref = plain(target)
+    model, tok = mlx_spec.load(str(target), drafter=None)
+    assert spec(model, tok, PROMPT)[0] == ref  # plain decoding first: no rollback needed, none refused
+    ids = tok.encode(PROMPT)
+    for error_rate in (0.0, 0.3, 1.0):
+        for block in (2, 5, 16):
+            model.drafter = factory.OracleDrafter(ids + ref, block, error_rate, seed=block, vocab=300)
+            got, last = spec(model, tok, PROMPT, block_size=block)
+            assert got == ref, (name, error_rate, block)
+            if error_rate == 0.0:
+                assert last.spec.accepted >= last.spec.drafted - (block - 1)
+
+
+@pytest.mark.parametrize("mode", ["dflash", "lookup", "draft-model"])
+def test_drafters_match_plain_greedy(family, mode):
+    """A DFlash drafter tapping a linear-attention layer (0) and an attention one (1); lookup; a draft model."""
+    name, target = family
+    drafter = {"dflash": lambda: factory.make_drafter(target.parent / f"{target.name}-dflash", target, taps=(0, 1),
+                                                      block_size=6),
+               "lookup": lambda: "auto", "draft-model": lambda: target}[mode]()
+    model, tok = mlx_spec.load(str(target), drafter=str(drafter), mode=mode)
+    got, last = spec(model, tok, PROMPT, block_size=min(4, model.drafter.block_size))
+    assert got == plain(target), (name, mode)
+    if mode == "draft-model":  # the target drafting for itself: every draft is accepted
+        assert last.spec.accepted == last.spec.drafted
+
+
+def test_multi_turn_reuse_matches_fresh(family):
+    """Regenerate, follow up and edit the last message with a kept cache: the same tokens as a fresh one,
+    and recurrent states come back from the prompt-end checkpoint (cached_tokens says how much)."""
+    name, target = family
+    model, tok = mlx_spec.load(str(target), drafter=str(target), mode="draft-model")
+    cache = mlx_spec.make_prompt_cache(model)
+    hello = [{"role": "user", "content": PROMPT}]
+    first, _ = spec(model, tok, hello, 16, prompt_cache=cache, block_size=3)
+    follow = hello + [{"role": "assistant", "content": tok.decode(first)}, {"role": "user", "content": "def add(a, b):"}]
+    edited = follow[:-1] + [{"role": "user", "content": "for i in range(10):"}]
+    for chat in (hello, follow, edited, edited):
+        got, last = spec(model, tok, chat, 16, prompt_cache=cache, block_size=3)
+        assert got == spec(model, tok, chat, 16, block_size=3)[0], (name, chat)
+        prompt = tok.apply_chat_template(chat, add_generation_prompt=True)
+        if chat is edited or chat is hello:  # the same prompt as before, or one sharing the last prompt
+            assert last.cached_tokens > 0, name
+        assert last.cached_tokens < len(prompt)
+    recurrent = [c for c in cache.cache if isinstance(c, RecurrentCache)]
+    assert all(c.offset == len(cache.tokens) for c in recurrent)
