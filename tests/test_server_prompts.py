@@ -68,6 +68,9 @@ def test_a_prompt_longer_than_any_context_is_refused_before_tokenizing(server):
             err = r.json()["error"]
             assert r.status_code == 400 and err["code"] == "context_length_exceeded", r.text[:300]
             assert "characters" in err["message"] and "n_prompt_tokens" not in err and err["n_ctx"] == 512
+        # A body longer than any request that fits (12 bytes a prompt character, 1 MiB for the rest): not parsed.
+        r = http.post("/v1/completions", json={"prompt": "y" * (bound * 12 + (1 << 20)), "max_tokens": 2})
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
         # Under the character bound but over the context in tokens: counted the usual way.
         r = http.post("/v1/completions", json={"prompt": "hello " * 600, "max_tokens": 2})
         assert r.status_code == 400 and r.json()["error"]["n_prompt_tokens"] > 512

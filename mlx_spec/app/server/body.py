@@ -20,10 +20,22 @@ import re
 
 from pydantic import BaseModel, ValidationError
 
-from .errors import invalid
+from .errors import APIError, invalid
 
+BYTES_PER_CHAR = 12  # the most JSON text one character can take: a surrogate pair as two \\uXXXX escapes
+ROOM_FOR_THE_REST = 1 << 20  # stop strings, logit_bias, formatting: everything a body holds besides the prompt
 MAX_DEPTH = 64  # JSON schemas of real tools nest a dozen levels; nothing legitimate nests 64
 _SURROGATE = re.compile("[\ud800-\udfff]")  # json.loads joins valid pairs, so any left is lone
+
+
+def check_length(raw: bytes, max_prompt_chars: int | None) -> None:
+    """413 for a body longer than any request whose prompt fits the context: refused without parsing."""
+    if max_prompt_chars is None:
+        return
+    limit = max_prompt_chars * BYTES_PER_CHAR + ROOM_FOR_THE_REST
+    if len(raw) > limit:
+        raise APIError(413, f"the request body is {len(raw)} bytes; no request whose prompt fits this model's "
+                       f"context is longer than {limit} bytes", code="request_too_large")
 
 
 def decode(raw: bytes, model: type[BaseModel]) -> tuple[BaseModel, dict[str, int]]:
@@ -49,7 +61,7 @@ def check_tree(value, param: str | None = None) -> int:
     while stack:
         node, depth = stack.pop()
         if isinstance(node, str):
-            if _SURROGATE.search(node):
+            if not node.isascii() and _SURROGATE.search(node):  # isascii: a fast pass for most text
                 raise invalid("strings must be valid Unicode (a lone UTF-16 surrogate is not)", param)
             chars += len(node)
             continue

@@ -9,7 +9,7 @@ from pydantic import BaseModel
 from starlette.requests import ClientDisconnect
 
 from . import params
-from .body import decode
+from .body import check_length, decode
 from .errors import APIError
 from .handle import Handle
 from .responses import ChatFormat, CompletionFormat, Format
@@ -97,6 +97,7 @@ async def parse(request: Request, model: type[BaseModel]):
         raw = await request.body()
     except ClientDisconnect:  # gone mid-body (or cut off by the body timeout): nobody reads the answer
         raise APIError(400, "the client disconnected before sending the whole body") from None
+    check_length(raw, _state(request).info.max_prompt_chars)
     return await run_in_threadpool(decode, raw, model)
 
 
