@@ -60,7 +60,7 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -
     from .engine.cache import PromptCache, trim
     from .engine.sampling import Sampler, SamplingParams
 
-    vocab = int(model.config.get("vocab_size", 1000))
+    vocab = model.vocab_size
     ids = [(i * 7919) % vocab for i in range(context)]
     pc = PromptCache(model.model, model.drafter)
     logits, hidden = model.target(mx.array([ids]), pc.cache)

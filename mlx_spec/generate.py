@@ -118,7 +118,7 @@ def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
     check_block_size(model, block_size)
     pc = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
     lengths = draft_lengths if draft_lengths is not None else choose_lengths(model, block_size, adaptive)
-    return Generation(model, tokenizer, ids, max_tokens, Sampler(sampling, vocab_size=_vocab(model)), stop or [], pc,
+    return Generation(model, tokenizer, ids, max_tokens, Sampler(sampling, vocab_size=model.vocab_size), stop or [], pc,
                       lengths)
 
 
@@ -142,10 +142,10 @@ def check_block_size(model: Loaded, block_size: int | None) -> None:
     """A fixed block is the anchor plus its drafts: 1 (plain) up to what the drafter can verify."""
     if block_size is None:
         return
-    top = model.drafter.block_size if model.drafter is not None else 1
+    top = model.drafter.block_size if model.drafter is not None else 1 << 30  # plain decoding: any width is 1
     if isinstance(block_size, bool) or not isinstance(block_size, int) or not 1 <= block_size <= top:
-        what = f"the drafter's block size is {top}" if model.drafter is not None else "there is no drafter"
-        raise MlxSpecError(f"block size must be an integer from 1 to {top} ({what}), got {block_size!r}")
+        what = f"from 1 to {top} (the drafter's block size)" if model.drafter is not None else "of at least 1"
+        raise MlxSpecError(f"block size must be an integer {what}, got {block_size!r}")
 
 
 def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool):
@@ -248,10 +248,6 @@ def step_all(model: Loaded, generations: list[Generation]) -> list[GenerationRes
     """One verify round for several started, unfinished generations: their blocks share one target pass."""
     rounds = step(model.target, model.drafter, [g.state for g in generations])
     return [g.emit(r) for g, r in zip(generations, rounds)]
-
-
-def _vocab(model: Loaded) -> int:
-    return int(model.config.get("vocab_size") or model.config.get("text_config", {}).get("vocab_size", 0))
 
 
 def generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, verbose: bool = False, **kwargs) -> str:

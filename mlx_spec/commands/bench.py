@@ -87,7 +87,7 @@ def draft_model_rows(args, model, tok):
 
     from ..bench import Row, run_mlx_lm_draft, run_plain
     from ..generate import encode_prompt
-    from ..loading import load_target, resolve
+    from ..model_files import load_target, resolve
 
     draft, _, _ = load_target(resolve(args.vs_draft_model))
     rows = []

@@ -43,4 +43,4 @@ def load_from(args):
     from ..loading import load
 
     return load(args.model, drafter=None if args.no_draft else args.drafter, mode=args.mode, dtype=args.dtype,
-                kernels=not args.no_kernels)
+                kernels=not args.no_kernels, block_size=args.block_size)

@@ -2,27 +2,15 @@
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 
 from ..errors import DrafterMismatchError, MlxSpecError
+from ..model_files import load_target, read_config, weight_names
 
 MODES = ("auto", "dflash", "dspark", "lookup", "draft-model", "off")
 
 
-def weight_names(path: Path) -> set[str]:
-    """Tensor names from the safetensors headers, without reading the weights."""
-    names = set()
-    for f in sorted(path.glob("*.safetensors")):
-        with f.open("rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            names |= {k for k in json.loads(fh.read(n)) if k != "__metadata__"}
-    return names
-
-
 def checkpoint_kind(path: Path) -> str:
-    from ..loading import read_config
     from .dflash import detect_kind
 
     return detect_kind(read_config(path), weight_names(path))
@@ -58,9 +46,8 @@ def load_drafter(mode: str, path: Path | None, target, target_config: dict, bloc
 
 
 def _draft_model(path: Path, target_config: dict, block_size: int | None):
-    from ..loading import load_target
     from .draft_model import DraftModelDrafter, check_vocab
 
     model, _, config = load_target(path)
     check_vocab(config, target_config, path)
-    return DraftModelDrafter(model, block_size or 4)
+    return DraftModelDrafter(model, block_size or 8)

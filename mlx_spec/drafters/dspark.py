@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import DrafterMismatchError, LoadError
+from ..model_files import check_safetensors, read_config
 from .base import Draft
 from .dflash import DFlashConfig, DFlashDrafter, check_fit
 
@@ -91,8 +92,6 @@ class DSparkDrafter(DFlashDrafter):
 
 
 def load_dspark(path: Path, target, target_config: dict) -> DSparkDrafter:
-    from ..loading import check_safetensors, read_config
-
     raw = read_config(path)
     head = raw.get("markov_head_type", "vanilla")
     if head != "vanilla":
