@@ -142,6 +142,15 @@ class Target:
                 return holder["lm_head"](h)
         return self._embedding().as_linear(h)  # tied embeddings
 
+    def check_speculation(self) -> None:
+        """Refuse (at load) a target whose caches cannot roll back exactly; plain decoding needs no check."""
+        from .engine.rollback import speculation_problem
+
+        problem = speculation_problem(self.model)
+        if problem:
+            raise LoadError(f"speculative decoding is not supported on {problem}; load with drafter=None "
+                            f"(--no-draft) for plain decoding")
+
     @property
     def model_type(self) -> str:
         return getattr(self.model, "model_type", "") or ""

@@ -89,3 +89,36 @@ def test_multi_turn_reuse_matches_fresh(family):
         assert last.cached_tokens < len(prompt)
     recurrent = [c for c in cache.cache if isinstance(c, RecurrentCache)]
     assert all(c.offset == len(cache.tokens) for c in recurrent)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "nemotron_h"])
+def test_quantized_partial_acceptance(name, models_dir, tokenizer_dir):
+    """8-bit and 4-bit: a Gated DeltaNet and a Mamba2 hybrid still decode exactly after partial acceptance."""
+    src = archs.make(models_dir / f"hy-{name}", tokenizer_dir, name, seed=3)
+    for bits in (8, 4):
+        target = models_dir / f"hy-{name}-q{bits}"
+        if not target.exists():
+            factory.quantize(src, target, bits=bits)
+        ref = plain(target)
+        model, tok = mlx_spec.load(str(target), drafter=None)
+        assert "Quantized" in str([type(m).__name__ for _, m in model.target.model.named_modules()])
+        ids = tok.encode(PROMPT)
+        for block in (3, 8):
+            model.drafter = factory.OracleDrafter(ids + ref, block, 0.3, seed=block, vocab=300)
+            assert spec(model, tok, PROMPT, block_size=block)[0] == ref, (name, bits, block)
+
+
+def test_untested_recurrent_architecture_is_refused_for_speculation_only(models_dir, tokenizer_dir, monkeypatch):
+    """An architecture with recurrent state that is not in the tested set decodes plainly, and speculation is
+    refused with a message naming it."""
+    from mlx_spec.engine import rollback
+
+    target = archs.make(models_dir / "hy-lfm2", tokenizer_dir, "lfm2", seed=3)
+    monkeypatch.setattr(rollback, "RECURRENT_TESTED", frozenset())
+    model, tok = mlx_spec.load(str(target), drafter=None)
+    assert spec(model, tok, PROMPT)[0] == plain(target)
+    with pytest.raises(mlx_spec.LoadError, match="lfm2: rollback of its recurrent state"):
+        model.target.check_speculation()
+    model.drafter = factory.OracleDrafter([0] * 64, 4)
+    with pytest.raises(mlx_spec.MlxSpecError, match="lfm2"):
+        mlx_spec.make_prompt_cache(model)

@@ -17,6 +17,12 @@ from ..errors import MlxSpecError
 from .recurrent import RecurrentCache
 from .rotating import SpecRotatingKVCache
 
+# Architectures whose recurrent layers were checked to write their state as whole new arrays and to call
+# `cache.advance(S)` (what RecurrentCache relies on), with greedy-identity tests (tests/test_hybrid.py).
+# Other architectures with recurrent state decode plainly but are refused for speculation.
+RECURRENT_TESTED = frozenset({"qwen3_5", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "granitemoehybrid",
+                              "kimi_linear"})
+
 UNBOUNDED = 1 << 60  # a plain KV cache can go back to any earlier token
 PLAIN_KV = (KVCache, QuantizedKVCache, ConcatenateKVCache)
 
@@ -46,14 +52,28 @@ def can_roll_back(c) -> bool:
     return type(c) in PLAIN_KV or isinstance(c, (SpecRotatingKVCache, RecurrentCache))
 
 
+def architecture(model) -> str:
+    return type(model).__module__.rsplit(".", 1)[-1]
+
+
+def speculation_problem(model, caches: list | None = None) -> str | None:
+    """Why speculative decoding cannot run exactly on this model (None: it can)."""
+    caches = spec_caches(make_prompt_cache(model)) if caches is None else caches
+    arch = architecture(model)
+    bad = {type(c).__name__ for c in leaves(caches) if not can_roll_back(c)}
+    if bad:
+        return f"{arch}: {', '.join(sorted(bad))} cannot roll back"
+    if any(isinstance(c, RecurrentCache) for c in leaves(caches)) and arch not in RECURRENT_TESTED:
+        return f"{arch}: rollback of its recurrent state is not supported yet (untested)"
+    return None
+
+
 def make_cache(model, rollback: bool = True) -> list:
     """The target's prompt cache. Speculation needs every layer able to roll back; plain decoding does not."""
     caches = spec_caches(make_prompt_cache(model))
-    bad = {type(c).__name__ for c in leaves(caches) if not can_roll_back(c)}
-    if rollback and bad:
-        kind = getattr(model, "model_type", type(model).__module__)
-        raise MlxSpecError(f"speculative decoding on {kind} needs caches that can roll back; "
-                           f"{', '.join(sorted(bad))} cannot (plain decoding works)")
+    problem = speculation_problem(model, caches) if rollback else None
+    if problem:
+        raise MlxSpecError(f"speculative decoding is not supported on {problem}; plain decoding works (drafter=None)")
     return caches
 
 
