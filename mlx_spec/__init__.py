@@ -1,5 +1,7 @@
 """mlx-spec: lossless speculative decoding on MLX."""
 
+from .calibrate import CostCurve, cost_curve
+from .chat_template import UntrustedSpecialTokens, encode_chat
 from .engine.cache import PromptCache
 from .engine.sampling import SamplingParams
 from .errors import ContextOverflowError, DrafterMismatchError, LoadError, MlxSpecError
@@ -10,6 +12,7 @@ from .loading import load
 __version__ = "0.1.0"
 __all__ = [
     "load", "generate", "stream_generate", "make_prompt_cache", "GenerationResponse", "SpecStats",
-    "Generation", "make_generation", "step_all", "encode_prompt", "check_block_size",
+    "Generation", "make_generation", "step_all", "encode_prompt", "encode_chat", "check_block_size",
+    "cost_curve", "CostCurve", "UntrustedSpecialTokens",
     "SamplingParams", "PromptCache", "MlxSpecError", "LoadError", "DrafterMismatchError", "ContextOverflowError",
 ]

@@ -146,3 +146,9 @@ def calibrated_curve(model, max_width: int, refresh: bool = False) -> CostCurve:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(curve)))
     return curve
+
+
+def cost_curve(model, refresh: bool = False) -> CostCurve | None:
+    """The cost curve the draft-length controller uses for this pair on this machine (measured once, in
+    a few seconds, then cached on disk); None without a drafter."""
+    return calibrated_curve(model, model.drafter.block_size, refresh) if model.drafter is not None else None

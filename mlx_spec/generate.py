@@ -8,6 +8,7 @@ from typing import Iterator
 
 import mlx.core as mx
 
+from .chat_template import encode_chat
 from .engine.cache import PromptCache
 from .engine.loop import DecodeState, FixedLength, Round, prefill, step
 from .engine.sampling import Sampler, SamplingParams
@@ -83,21 +84,23 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
     if isinstance(prompt, mx.array):
         return prompt.tolist()
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
-        return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+        return encode_chat(tokenizer, prompt)  # text in a message that looks like control tokens stays text
     if isinstance(prompt, str):
         bos = tokenizer.bos_token
         return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
     return list(prompt)
 
 
-def make_prompt_cache(model: Loaded) -> PromptCache:
-    return PromptCache(model.target.model, model.drafter)
+def make_prompt_cache(model: Loaded, speculative: bool = True) -> PromptCache:
+    """A conversation's cache; `speculative=False` for generations that will not draft (it feeds no drafter)."""
+    return PromptCache(model.target.model, model.drafter if speculative else None)
 
 
 def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
                     sampling: SamplingParams | None = None, stop: list[str] | None = None,
                     prompt_cache: PromptCache | None = None, block_size: int | None = None,
-                    adaptive: bool = True, draft_lengths=None, **sampling_kwargs) -> "Generation":
+                    adaptive: bool = True, speculative: bool = True, draft_lengths=None,
+                    **sampling_kwargs) -> "Generation":
     """A validated, not yet started generation (see `stream_generate` for the options)."""
     if sampling_kwargs:
         if "temp" in sampling_kwargs:
@@ -116,10 +119,11 @@ def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
         raise ContextOverflowError(len(ids), max_tokens, model.context_length)
     max_tokens = min(max_tokens, model.context_length - len(ids))
     check_block_size(model, block_size)
-    pc = prompt_cache if prompt_cache is not None else make_prompt_cache(model)
-    lengths = draft_lengths if draft_lengths is not None else choose_lengths(model, block_size, adaptive)
+    pc = prompt_cache if prompt_cache is not None else make_prompt_cache(model, speculative)
+    if draft_lengths is None:
+        draft_lengths = choose_lengths(model, block_size, adaptive) if speculative else FixedLength(0)
     return Generation(model, tokenizer, ids, max_tokens, Sampler(sampling, vocab_size=model.vocab_size), stop or [], pc,
-                      lengths)
+                      draft_lengths)
 
 
 def stream_generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, **kwargs) -> Iterator[GenerationResponse]:
@@ -128,9 +132,9 @@ def stream_generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, **k
     Options: `sampling` (a `SamplingParams`) or its fields as keywords (temperature/temp, top_p,
     top_k, min_p, repetition/presence/frequency penalties, seed, logit_bias); `stop` strings;
     `prompt_cache` to reuse a conversation's prefix. Speculation is used when `model` has a
-    drafter: with a fixed block when `block_size` is given, else with a draft length chosen each
-    round from this machine's cost curve and the observed acceptance (`adaptive=False`: always
-    the drafter's full block).
+    drafter (and `speculative` is not False): with a fixed block when `block_size` is given, else
+    with a draft length chosen each round from this machine's cost curve and the observed
+    acceptance (`adaptive=False`: always the drafter's full block).
     """
     g = make_generation(model, tokenizer, prompt, max_tokens, **kwargs)
     yield g.start()

@@ -96,6 +96,8 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     if mode not in ("off", "lookup"):
         drafter_path = find_drafter(ref, path) if drafter == "auto" else resolve(drafter)
     draft_model = load_drafter(mode, drafter_path, wrapped, config, block_size)
+    if draft_model is not None:
+        wrapped.check_speculation()  # caches that cannot roll back exactly: refused now, not mid-request
     if draft_model is not None and draft_model.tap_ids:
         wrapped.check_taps(tokenizer.encode("def main():\n    return 0\n")[:16] or [0, 1])
         wrapped.set_taps(draft_model.tap_ids)

@@ -11,7 +11,7 @@ import threading
 
 import jinja2
 
-from mlx_spec.app.chat_tokens import UntrustedSpecialTokens, encode_chat
+from mlx_spec.chat_template import UntrustedSpecialTokens, encode_chat
 from mlx_spec.generate import encode_prompt
 
 from .backend import ModelInfo

@@ -18,10 +18,12 @@ from __future__ import annotations
 import re
 import secrets
 
+from .errors import MlxSpecError
+
 CONTENT_FIELDS = ("content", "reasoning_content")
 
 
-class UntrustedSpecialTokens(ValueError):
+class UntrustedSpecialTokens(MlxSpecError, ValueError):
     pass
 
 
