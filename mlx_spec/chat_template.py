@@ -27,9 +27,11 @@ class UntrustedSpecialTokens(MlxSpecError, ValueError):
     pass
 
 
-def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    """Token ids of the rendered conversation, ready to generate the assistant's reply."""
-    text = _render(tokenizer, messages, tools)
+def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None, **template_kwargs) -> list[int]:
+    """Token ids of the rendered conversation, ready to generate the assistant's reply.
+
+    `template_kwargs` reach the template as variables (e.g. `enable_thinking=False`)."""
+    text = _render(tokenizer, messages, tools, template_kwargs)
     specials = special_tokens(tokenizer)
     if not specials or not _mentions(messages, tools, specials):
         return list(tokenizer.encode(text, add_special_tokens=False))
@@ -42,7 +44,7 @@ def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None
                 m[key] = f"@@mlxspec{len(contents)}x{nonce}@@"
                 contents.append(original[key])
         masked.append(m)
-    template = _render(tokenizer, masked, tools)
+    template = _render(tokenizer, masked, tools, template_kwargs)
     pieces = _assemble(text, template, contents, re.compile(rf"@@mlxspec(\d+)x{nonce}@@"))
     ids = _encode_pieces(tokenizer, pieces, specials) if pieces is not None else \
         list(tokenizer.encode(text, add_special_tokens=False))
@@ -59,8 +61,9 @@ def special_tokens(tokenizer) -> dict[str, int]:
     return {t.content: i for i, t in decoder.items() if getattr(t, "special", False) and t.content}
 
 
-def _render(tokenizer, messages, tools) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+def _render(tokenizer, messages, tools, template_kwargs=None) -> str:
+    return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False,
+                                         **(template_kwargs or {}))
 
 
 def _mentions(messages, tools, specials: dict[str, int]) -> bool:

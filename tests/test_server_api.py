@@ -274,7 +274,9 @@ def test_tool_calls_whole_and_streamed(tool_server):
     assert json.loads(msg.tool_calls[0].function.arguments) == {"city": "Paris"}
     chunks = list(c.chat.completions.create(model="m", messages=HELLO, tools=tools, stream=True))
     calls = [tc for ch in chunks for tc in (ch.choices[0].delta.tool_calls or [])]
-    assert [(tc.index, tc.function.name) for tc in calls] == [(0, "get_weather")]
+    # As OpenAI streams a call: index, id and name first with empty arguments, then the arguments.
+    assert [(tc.index, tc.function.name, bool(tc.id)) for tc in calls] == [(0, "get_weather", True), (0, None, False)]
+    assert json.loads("".join(tc.function.arguments for tc in calls)) == {"city": "Paris"}
     assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == "Let me check. "
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     plain = c.chat.completions.create(model="m", messages=HELLO)  # no tools offered: the text as it is

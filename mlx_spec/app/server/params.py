@@ -31,6 +31,20 @@ def check_chat(req: ChatRequest, limits) -> None:
     _check_n(req)
 
 
+TEMPLATE_KWARGS = ("enable_thinking",)  # template variables a request may set; others could break templates
+
+
+def template_kwargs(given: dict | None, param: str = "chat_template_kwargs") -> dict:
+    """The template variables of `chat_template_kwargs`; a name we do not pass on is a 400, not ignored."""
+    given = given or {}
+    unknown = [k for k in given if k not in TEMPLATE_KWARGS]
+    if unknown:
+        raise invalid(f"{param}: only {', '.join(TEMPLATE_KWARGS)} may be set, not {unknown[0][:64]!r}", param)
+    if "enable_thinking" in given and not isinstance(given["enable_thinking"], bool):
+        raise invalid(f"{param}.enable_thinking must be true or false", param)
+    return dict(given)
+
+
 def check_prompt_chars(chars: int, info: ModelInfo, param: str) -> None:
     """Refuse a prompt that cannot fit by its length in characters alone, before paying to tokenize it."""
     bound = info.max_prompt_chars

@@ -17,7 +17,10 @@ from mlx_spec.generate import encode_prompt
 from .backend import ModelInfo
 from .body import check_tree
 from .errors import invalid
+from .reasoning import ReasoningFilter, Splitter, markers_for, opens_thinking
 from .schemas import Message
+
+PROMPT_TAIL_TOKENS = 16  # enough to see whether the prompt ends with an open thinking block
 
 
 class PromptBuilder:
@@ -26,8 +29,18 @@ class PromptBuilder:
     def __init__(self, tokenizer, info: ModelInfo):
         self.tokenizer, self.info = tokenizer, info
         self._lock = threading.Lock()
+        self.thinking = markers_for(tokenizer)  # None: the template does not think
 
-    def chat(self, messages: list[Message], tools: list[dict] | None) -> list[int]:
+    def splitter(self, ids: list[int], tools) -> Splitter | None:
+        """What separates this reply's reasoning and tool calls from its text (None: nothing to separate)."""
+        reasoning = None
+        if self.thinking is not None:
+            with self._lock:
+                tail = self.tokenizer.decode(ids[-PROMPT_TAIL_TOKENS:])
+            reasoning = ReasoningFilter(self.thinking, inside=opens_thinking(tail, self.thinking))
+        return Splitter(reasoning, tools) if reasoning is not None or tools is not None else None
+
+    def chat(self, messages: list[Message], tools: list[dict] | None, template_kwargs: dict | None = None) -> list[int]:
         if not messages:
             raise invalid("messages must not be empty", "messages")
         if not getattr(self.tokenizer, "has_chat_template", False):
@@ -35,7 +48,8 @@ class PromptBuilder:
         chat = [_plain(m) for m in messages]
         with self._lock:
             try:
-                return encode_chat(self.tokenizer, chat, tools)  # contents cannot forge control tokens
+                # contents cannot forge control tokens
+                return encode_chat(self.tokenizer, chat, tools, **(template_kwargs or {}))
             except jinja2.TemplateError as e:  # includes the sandbox's SecurityError and raise_exception()
                 raise invalid(f"the chat template rejected these messages: {e}", "messages") from None
             except UntrustedSpecialTokens as e:

@@ -48,14 +48,36 @@ class Format:
     def content_chunk(self, text: str, calls: list[dict] | None = None) -> dict:
         return self._chunk(self._delta(text, calls))
 
+    def content_chunks(self, reasoning: str, text: str, calls: list[dict]) -> list[dict]:
+        """The chunks for one round's output: reasoning and text deltas, then each tool call.
+
+        A call goes out as OpenAI streams one: a first delta with its index, id, type, name and
+        empty arguments, then the arguments (parsed whole: a call is held back until complete).
+        """
+        chunks = []
+        if reasoning:
+            chunks.append(self._chunk({"delta": {"reasoning_content": reasoning}}))
+        if text:
+            chunks.append(self.content_chunk(text))
+        for c in calls:
+            head = {**c, "function": {"name": c["function"]["name"], "arguments": ""}}
+            chunks.append(self.content_chunk("", [head]))
+            if c["function"]["arguments"]:
+                chunks.append(self.content_chunk("", [{"index": c["index"],
+                                                       "function": {"arguments": c["function"]["arguments"]}}]))
+        return chunks
+
     def finish_chunk(self, reason: str, out: Output) -> dict:
         return self._chunk(self._delta("", None), reason, speculative=speculative(out))
 
     def usage_chunk(self, out: Output) -> dict:
         return self._envelope(self.chunk_kind, [], usage=usage(out), speculative=speculative(out))
 
-    def response(self, text: str, calls: list[dict], reason: str, out: Output) -> dict:
-        choice = {"index": 0, **self._whole(text, calls), "logprobs": None, "finish_reason": reason}
+    def response(self, text: str, calls: list[dict], reason: str, out: Output, reasoning: str = "") -> dict:
+        whole = self._whole(text, calls)
+        if reasoning and "message" in whole:
+            whole["message"]["reasoning_content"] = reasoning  # as vLLM and others return it
+        choice = {"index": 0, **whole, "logprobs": None, "finish_reason": reason}
         return self._envelope(self.kind, [choice], usage=usage(out), speculative=speculative(out))
 
     def _delta(self, text: str, calls: list[dict] | None) -> dict:

@@ -61,11 +61,13 @@ async def chat_completions(request: Request):
     params.check_prompt_chars(chars.get("messages", 0) + chars.get("tools", 0), st.info, "messages")
     use_tools = bool(req.tools) and req.tool_choice != "none"
     tools = [t.model_dump(exclude_none=True) for t in req.tools] if use_tools else None
-    ids = await run_in_threadpool(st.prompts.chat, req.messages, tools)
+    kwargs = params.template_kwargs(req.chat_template_kwargs)
+    ids = await run_in_threadpool(st.prompts.chat, req.messages, tools, kwargs)
     job = params.chat_job(req, ids, st.info, st.config.defaults, st.config, _partition(request, req))
     fmt = ChatFormat(st.info.id, include_usage=_include_usage(req))
-    return await respond(request, st, job, fmt, ToolCallFilter.for_request(st.tokenizer, tools, req.tool_choice),
-                         req.stream)
+    splitter = await run_in_threadpool(st.prompts.splitter, ids,
+                                       ToolCallFilter.for_request(st.tokenizer, tools, req.tool_choice))
+    return await respond(request, st, job, fmt, splitter, req.stream)
 
 
 @router.post("/v1/completions")

@@ -97,6 +97,8 @@ class ChatRequest(Sampling):
     tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
+    # vLLM's field: variables for the chat template. Only `enable_thinking` is passed on (see params.py).
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(Sampling):

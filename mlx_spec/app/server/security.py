@@ -61,7 +61,7 @@ class HostCheck:
             host = header(scope, b"host")
             if host is not None and hostname(host) not in self.allowed:
                 response = error_response(403, f"Host {host[:100]!r} is not allowed (see --allowed-host)",
-                                          code="host_not_allowed")
+                                          code="host_not_allowed", path=scope["path"])
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -82,11 +82,11 @@ class CrossSiteCheck:
             origin = header(scope, b"origin")
             if origin is not None and not (self.local.match(origin) or origin in self.extra):
                 response = error_response(403, f"Origin {origin[:100]!r} is not allowed (see --cors-origin)",
-                                          code="origin_not_allowed")
+                                          code="origin_not_allowed", path=scope["path"])
                 return await response(scope, receive, send)
             if scope["method"] == "POST" and not is_json(header(scope, b"content-type")):
                 response = error_response(415, "the request body must be JSON (Content-Type: application/json)",
-                                          code="unsupported_media_type")
+                                          code="unsupported_media_type", path=scope["path"])
                 return await response(scope, receive, send)
         await self.app(scope, receive, send)
 
@@ -110,7 +110,7 @@ class ApiKeyCheck:
             key = self._match(scope)
             if key is None:
                 response = error_response(401, "missing or invalid API key", code="invalid_api_key",
-                                          headers={"WWW-Authenticate": "Bearer"})
+                                          headers={"WWW-Authenticate": "Bearer"}, path=scope["path"])
                 return await response(scope, receive, send)
             scope.setdefault("state", {})["key_id"] = hashlib.sha256(key).hexdigest()[:16]
         await self.app(scope, receive, send)
@@ -143,11 +143,11 @@ class SizeLimits:
             return await self.app(scope, receive, send)
         if sum(len(k) + len(v) + 4 for k, v in scope["headers"]) > self.headers:
             return await error_response(400, f"request headers are larger than {self.headers} bytes",
-                                        code="headers_too_large")(scope, receive, send)
+                                        code="headers_too_large", path=scope["path"])(scope, receive, send)
         length = header(scope, b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.body):
             e = self._error()
-            return await error_response(e.status, e.message, code=e.code)(scope, receive, send)
+            return await error_response(e.status, e.message, code=e.code, path=scope["path"])(scope, receive, send)
         seen = 0
 
         async def counted():

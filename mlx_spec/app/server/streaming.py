@@ -13,9 +13,9 @@ from typing import AsyncIterator
 
 from .errors import APIError, error_body
 from .handle import ClientGone, Handle
+from .reasoning import Splitter
 from .responses import Format
 from .sequence import Output
-from .tools import ToolCallFilter
 
 log = logging.getLogger("mlx_spec.server")
 
@@ -24,7 +24,24 @@ def event(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-async def sse(handle: Handle, fmt: Format, tools: ToolCallFilter | None, keepalive: float) -> AsyncIterator[str]:
+def named_event(name: str, obj: dict) -> str:
+    """An SSE event with an `event:` line: the Anthropic and Responses clients dispatch on it."""
+    return f"event: {name}\ndata: {json.dumps(obj, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+async def outputs(handle: Handle, keepalive: float) -> AsyncIterator[Output | None]:
+    """The request's outputs, None whenever `keepalive` seconds pass without one; ends when the client goes."""
+    while True:
+        try:
+            out = await handle.next(keepalive)
+        except ClientGone:
+            return
+        yield out
+        if out is not None and out.finish_reason is not None:
+            return
+
+
+async def sse(handle: Handle, fmt: Format, tools: Splitter | None, keepalive: float) -> AsyncIterator[str]:
     made_calls = False
     try:
         first = fmt.role_chunk()
@@ -42,10 +59,10 @@ async def sse(handle: Handle, fmt: Format, tools: ToolCallFilter | None, keepali
                 if out.error is not None:
                     yield event(_error(out.error))
                 return
-            text, calls = _split(out, tools)
+            thought, text, calls = _split(out, tools)
             made_calls |= bool(calls)
-            if text or calls:
-                yield event(fmt.content_chunk(text, calls))
+            for chunk in fmt.content_chunks(thought, text, calls):
+                yield event(chunk)
             if out.finish_reason is not None:
                 yield event(fmt.finish_chunk("tool_calls" if made_calls else out.finish_reason, out))
                 if fmt.include_usage:
@@ -56,36 +73,47 @@ async def sse(handle: Handle, fmt: Format, tools: ToolCallFilter | None, keepali
         handle.close()
 
 
-async def collect(handle: Handle, fmt: Format, tools: ToolCallFilter | None) -> dict | None:
+async def collect(handle: Handle, fmt: Format, tools: Splitter | None) -> dict | None:
     """The whole response, or None if the client left. Raises APIError for a failed generation."""
-    texts, calls = [], []
+    thoughts, texts, calls = [], [], []
     try:
         while True:
             try:
                 out = await handle.next()
             except ClientGone:
                 return None
-            if out.error is not None:
-                raise out.error if isinstance(out.error, APIError) else APIError(
-                    500, f"generation failed: {type(out.error).__name__}", code="internal_error")
+            raise_failure(out)
             if out.finish_reason == "abort":
                 return None
-            text, new_calls = _split(out, tools)
+            thought, text, new_calls = _split(out, tools)
+            thoughts.append(thought)
             texts.append(text)
             calls += new_calls
             if out.finish_reason is not None:
-                return fmt.response("".join(texts), calls, "tool_calls" if calls else out.finish_reason, out)
+                return fmt.response("".join(texts), calls, "tool_calls" if calls else out.finish_reason, out,
+                                    "".join(thoughts))
     finally:
         handle.close()
 
 
-def _split(out: Output, tools: ToolCallFilter | None) -> tuple[str, list[dict]]:
+def raise_failure(out: Output) -> None:
+    """A failed generation as the APIError a whole (not streamed) response answers with."""
+    if out.error is not None:
+        raise out.error if isinstance(out.error, APIError) else APIError(
+            500, f"generation failed: {type(out.error).__name__}", code="internal_error")
+
+
+def _split(out: Output, tools: Splitter | None) -> tuple[str, str, list[dict]]:
     if tools is None:
-        return out.text, []
+        return "", out.text, []
     return tools.feed(out.text, final=out.finish_reason is not None)
 
 
-def _error(e: Exception) -> dict:
-    if isinstance(e, APIError):
-        return error_body(e.status, e.message, e.code, e.param)
-    return error_body(500, f"generation failed: {type(e).__name__}", "internal_error")
+def failure(e: Exception) -> APIError:
+    return e if isinstance(e, APIError) else APIError(500, f"generation failed: {type(e).__name__}",
+                                                      code="internal_error")
+
+
+def _error(e: Exception, path: str | None = None) -> dict:
+    e = failure(e)
+    return error_body(e.status, e.message, e.code, e.param, path=path)
