@@ -41,6 +41,20 @@ class SpecStats:
             self.drafted_per_position[i] += 1
             self.accepted_per_position[i] += i < r.accepted
 
+    def merge(self, other: "SpecStats") -> None:
+        """Add another run's counters (a session's totals over its replies)."""
+        self.rounds += other.rounds
+        self.drafting_rounds += other.drafting_rounds
+        self.drafted += other.drafted
+        self.accepted += other.accepted
+        grow = len(other.drafted_per_position) - len(self.drafted_per_position)
+        if grow > 0:
+            self.drafted_per_position += [0] * grow
+            self.accepted_per_position += [0] * grow
+        for i, (d, a) in enumerate(zip(other.drafted_per_position, other.accepted_per_position)):
+            self.drafted_per_position[i] += d
+            self.accepted_per_position[i] += a
+
     @property
     def tau(self) -> float:
         """Mean acceptance length (vLLM's): 1 + accepted drafts per round that drafted; 0 when none did."""

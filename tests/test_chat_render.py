@@ -11,7 +11,7 @@ from rich.console import Console
 
 from mlx_spec.app.chat.markdown import MarkdownLines, inline
 from mlx_spec.app.chat.render import Output, ReplyWriter, printable, screen_rows
-from mlx_spec.app.chat.stats import Turn, estimate_speedup, merge, report, stats_line
+from mlx_spec.app.chat.stats import Turn, estimate_speedup, report, stats_line
 from mlx_spec.app.chat.worker import Worker
 from mlx_spec.calibrate import CostCurve
 from mlx_spec.generate import SpecStats
@@ -111,9 +111,9 @@ def test_stats_line_and_report():
     assert "stopped" in stats_line(_turn([1], finish=None), 50.0)
     assert "speedup n/a" in stats_line(t, None)
     total = SpecStats()
-    merge(total, t.spec)
-    merge(total, _turn([3]).spec)
-    assert total.rounds == 4 and total.accepted_per_position == [3, 2, 2]
+    total.merge(t.spec)
+    total.merge(_turn([3]).spec)
+    assert total.rounds == 4 and total.drafting_rounds == 4 and total.accepted_per_position == [3, 2, 2]
     text = "\n".join(report(t, total, 50.0))
     assert "acceptance by draft position" in text and "50.0 tok/s" in text and "verify cost" not in text
     curve = CostCurve(verify=[1.0, 1.5, 2.0], draft=[0.1, 0.2], rounds=[1.0, 1.8, 2.5])

@@ -149,7 +149,7 @@ def test_every_slash_command_and_bad_input(chat, tmp_path):
     assert "temp needs a number, not 'hot'" in t.send("/set temp hot")
     assert "top_p must be in (0, 1]" in t.send("/set top_p 7")
     assert "no setting 'colour'" in t.send("/set colour red")
-    assert "block_size is at most 8" in t.send("/set block_size 99")
+    assert "block size must be an integer from 1 to 8" in t.send("/set block_size 99")
     assert "temp        0.5" in t.send("/set")
     assert "unknown command /frobnicate" in t.send("/frobnicate")
     assert "/bye takes no arguments" in t.send("/bye now")

@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import add_model_arguments
+from ..options import add_model_arguments
 
 KINDS = ("code", "chat", "math", "edit", "long")
 

@@ -7,7 +7,7 @@ import os
 import platform
 import sys
 
-from .common import add_model_arguments
+from ..options import add_model_arguments
 
 
 def add_arguments(p) -> None:
@@ -38,7 +38,7 @@ def facts() -> dict:
 def run(args) -> int:
     from ..calibrate import calibrated_curve
     from ..controller import best_length
-    from .common import load_from
+    from ..options import load_from
 
     info = facts()
     if not args.no_curve:

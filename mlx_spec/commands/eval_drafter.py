@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common import add_model_arguments
+from ..options import add_model_arguments
 
 
 def add_arguments(p) -> None:
@@ -18,7 +18,7 @@ def run(args) -> int:
     from ..errors import MlxSpecError
     from ..train.data import builtin_prompts, read_prompts
     from ..train.evaluate import measure, table
-    from .common import load_from
+    from ..options import load_from
 
     model, tok = load_from(args)
     if model.drafter is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .common import add_model_arguments, add_sampling_arguments, load_from, sampling_from
+from ..options import add_model_arguments, add_sampling_arguments, load_from, sampling_from
 
 
 def add_arguments(p) -> None:

@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from mlx_spec.commands.common import add_model_arguments, add_sampling_arguments, load_from, sampling_from
+from mlx_spec.options import add_model_arguments, add_sampling_arguments, load_from, sampling_from
 from mlx_spec.errors import MlxSpecError
 
 from .conversation import Conversation

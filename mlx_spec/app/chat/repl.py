@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mlx_spec.errors import ContextOverflowError, MlxSpecError
-from mlx_spec.generate import SpecStats
+from mlx_spec import SpecStats
 
 from .commands import CommandError, is_command, parse
 from .conversation import Conversation
@@ -14,7 +14,7 @@ from .prompt import EXIT_HINT, EmptyInterrupt, message_text
 from .render import Output, ReplyWriter
 from .session import Session
 from .settings import Settings
-from .stats import Turn, merge, stats_line
+from .stats import Turn, stats_line
 from .worker import STOPPING, Worker
 
 
@@ -112,7 +112,7 @@ class Chat:
         if not turn.speculative and not stopped:
             self.session.note_plain_run(turn.tokens, turn.tps)
         self.last = turn
-        merge(self.total, turn.spec)
+        self.total.merge(turn.spec)
         self.out.note(stats_line(turn, self.session.baseline_tps))
         self.out.say()
         return True

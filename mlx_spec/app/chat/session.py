@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from mlx_spec.errors import MlxSpecError
-from mlx_spec.generate import GenerationResponse, make_generation, make_prompt_cache, step_all, stream_generate
+import mlx_spec
+from mlx_spec import GenerationResponse, MlxSpecError, make_generation, make_prompt_cache, step_all, stream_generate
 
 from .settings import Settings
 from .worker import TICK
@@ -20,25 +20,18 @@ BASELINE_PROMPT = "def main():\n"  # plain text, so a chat model does not end it
 class Session:
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer
-        self.drafter = model.drafter  # kept aside while drafting is off
-        self.caches: dict[bool, object] = {}  # speculative? -> PromptCache (a cache is tied to its drafter)
+        self.drafter = model.drafter
+        self.speculative = self.drafter is not None  # /draft off: plain decoding, same model
+        self.caches: dict[bool, object] = {}  # speculative? -> PromptCache (only a speculative one feeds the drafter)
         self.baseline_tps: float | None = None  # measured plain decoding speed, tokens/s
-
-    @property
-    def speculative(self) -> bool:
-        return self.model.drafter is not None
 
     def set_drafting(self, on: bool) -> None:
         if on and self.drafter is None:
             raise MlxSpecError("no drafter is loaded (start with --drafter PATH)")
-        self.model.drafter = self.drafter if on else None
-        # Plain decoding should not pay for the hidden-state taps the drafter reads.
-        self.model.target.set_taps(self.drafter.tap_ids if on else ())
+        self.speculative = on
 
     def check_block_size(self, n: int | None) -> None:
-        top = self.drafter.block_size if self.drafter is not None else None
-        if n is not None and top is not None and n > top:
-            raise MlxSpecError(f"block_size is at most {top} for this drafter")
+        mlx_spec.check_block_size(self.model, n)
 
     def block_label(self, settings: Settings) -> str:
         """The block size in use: fixed, or chosen each round from the cost curve (the default)."""
@@ -49,9 +42,10 @@ class Session:
     def reply(self, messages: list[dict], settings: Settings) -> Iterator[GenerationResponse]:
         cache = self.caches.get(self.speculative)
         if cache is None:
-            cache = self.caches[self.speculative] = make_prompt_cache(self.model)
+            cache = self.caches[self.speculative] = make_prompt_cache(self.model, self.speculative)
         g = make_generation(self.model, self.tokenizer, messages, settings.max_tokens, sampling=settings.sampling,
-                            stop=list(settings.stop), prompt_cache=cache, block_size=settings.block_size)
+                            stop=list(settings.stop), prompt_cache=cache, block_size=settings.block_size,
+                            speculative=self.speculative)
         return self._rounds(g)
 
     def _rounds(self, g) -> Iterator[object]:
@@ -63,9 +57,7 @@ class Session:
 
     def cost_curve(self):
         """This machine's cost curve for the pair (measured once, then cached on disk)."""
-        from mlx_spec.calibrate import calibrated_curve
-
-        return calibrated_curve(self.model, self.drafter.block_size) if self.speculative else None
+        return mlx_spec.cost_curve(self.model) if self.speculative else None
 
     def forget_caches(self) -> None:
         """After a failure mid-round a cache may be half-updated; the next turn prefills afresh."""
@@ -73,16 +65,9 @@ class Session:
 
     def measure_baseline(self, tokens: int) -> float | None:
         """Plain decoding speed on a short prompt, for the speedup estimate; None if too few tokens came."""
-        was = self.speculative
-        if was:
-            self.set_drafting(False)
-        try:
-            last = None
-            for last in stream_generate(self.model, self.tokenizer, BASELINE_PROMPT, tokens):
-                pass
-        finally:
-            if was:
-                self.set_drafting(True)
+        last = None
+        for last in stream_generate(self.model, self.tokenizer, BASELINE_PROMPT, tokens, speculative=False):
+            pass
         if last is not None and last.generation_tokens >= min(8, tokens):
             self.baseline_tps = last.generation_tps
         return self.baseline_tps

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from mlx_spec.engine.sampling import SamplingParams
+from mlx_spec import SamplingParams
 from mlx_spec.errors import MlxSpecError
 
 # /set key -> (field, value kind, help). Sampling keys live on the nested SamplingParams.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mlx_spec.generate import GenerationResponse, SpecStats
+from mlx_spec import GenerationResponse, SpecStats
 
 def estimate_speedup(tps: float, baseline_tps: float | None) -> float | None:
     """Speedup over plain decoding: this reply's tokens/s over measured plain decoding tokens/s."""
@@ -39,7 +39,7 @@ def stats_line(t: Turn, baseline_tps: float | None) -> str:
     parts = [f"{t.tokens} tok", f"{t.tps:.1f} tok/s", f"TTFT {_duration(t.ttft)}",
              f"prompt {t.prompt_tokens} ({t.cached_tokens} cached)"]
     if t.speculative:
-        parts.append(f"τ {t.spec.tau:.2f}" if t.spec.rounds else "τ –")
+        parts.append(f"τ {t.spec.tau:.2f}" if t.spec.drafting_rounds else "τ –")  # – : no round drafted
         speedup = estimate_speedup(t.tps, baseline_tps) if t.tokens >= 8 else None
         parts.append(f"{speedup:.2f}× plain (est.)" if speedup else "speedup n/a")
     else:
@@ -52,19 +52,6 @@ def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
-def merge(total: SpecStats, s: SpecStats) -> None:
-    """Add one reply's counters to the session's."""
-    total.rounds += s.rounds
-    total.drafted += s.drafted
-    total.accepted += s.accepted
-    for i, (d, a) in enumerate(zip(s.drafted_per_position, s.accepted_per_position)):
-        if i == len(total.drafted_per_position):
-            total.drafted_per_position.append(0)
-            total.accepted_per_position.append(0)
-        total.drafted_per_position[i] += d
-        total.accepted_per_position[i] += a
-
-
 def report(last: Turn | None, total: SpecStats, baseline_tps: float | None, curve=None, width: int = 24) -> list[str]:
     """/stats: counters for the last reply and the session, then acceptance by draft position."""
     lines = []
@@ -72,7 +59,8 @@ def report(last: Turn | None, total: SpecStats, baseline_tps: float | None, curv
         if s is None or not s.drafted:
             lines.append(f"{name:<11} no drafts yet")
         else:
-            lines.append(f"{name:<11} τ {s.tau:.2f} · {s.accepted}/{s.drafted} drafts accepted in {s.rounds} rounds")
+            lines.append(f"{name:<11} τ {s.tau:.2f} · {s.accepted}/{s.drafted} drafts accepted in {s.drafting_rounds} "
+                         f"drafting rounds · {s.tokens_per_pass:.2f} tokens per target pass ({s.rounds} passes)")
     if total.drafted_per_position:
         lines.append("acceptance by draft position (session):")
         for i, (rate, n) in enumerate(zip(total.acceptance_rates, total.drafted_per_position)):

@@ -31,19 +31,18 @@ class Backend:
 
     def load(self) -> None:
         self.model, self.tokenizer = mlx_spec.load(self.cfg.target, drafter=self.cfg.drafter, mode=self.cfg.mode,
-                                                   dtype=self.cfg.dtype, kernels=self.cfg.kernels)
+                                                   dtype=self.cfg.dtype, kernels=self.cfg.kernels,
+                                                   block_size=self.cfg.block_size)
         self.pool = PrefixCachePool(lambda: mlx_spec.make_prompt_cache(self.model), self.prefix_cache_size)
         drafter = self.model.drafter
-        vocab = int(self.model.config.get("vocab_size") or self.model.config.get("text_config", {}).get("vocab_size"))
+        mlx_spec.check_block_size(self.model, self.cfg.block_size)  # a bad --block-size fails at start-up
         self.info = ModelInfo(
             id=self.cfg.served_name or model_id(self.cfg.target), context_length=self.model.context_length,
-            vocab_size=vocab, speculative=drafter is not None,
+            vocab_size=self.model.vocab_size, speculative=drafter is not None,
             block_size=(self.cfg.block_size or drafter.block_size) if drafter is not None else None,
             max_prompt_chars=prompt_char_bound(self.tokenizer, self.model.context_length))
         if drafter is not None and self.cfg.block_size is None:  # while /health says loading, not in a first request
-            from mlx_spec.calibrate import calibrated_curve
-
-            calibrated_curve(self.model, drafter.block_size)
+            mlx_spec.cost_curve(self.model)
 
     def start(self, seq: Sequence) -> None:
         """Give the request a cache (sharing its prefix when one is idle) and its generation."""

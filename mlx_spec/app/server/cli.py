@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from mlx_spec import MlxSpecError
-from mlx_spec.commands.common import add_model_arguments, add_sampling_arguments, sampling_from
+from mlx_spec.options import add_model_arguments, add_sampling_arguments, sampling_from
 
 from .config import Defaults, ModelConfig, ServerConfig
 
