@@ -1,14 +1,17 @@
-"""Options shared by the commands that load a model and sample from it."""
+"""Command-line options shared by every entry point that loads a model and samples from it
+(`generate`, `bench`, `doctor`, `eval-drafter`, `chat`, `serve`)."""
 
 from __future__ import annotations
 
 import argparse
 
+from .drafters import MODES
+
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="target: local folder or Hugging Face repo id (default: embedded model)")
     p.add_argument("--drafter", default="auto", help="drafter folder or repo id; 'auto' picks the known one")
-    p.add_argument("--mode", default="auto", choices=["auto", "dflash", "dspark", "lookup", "draft-model", "off"],
+    p.add_argument("--mode", default="auto", choices=MODES,
                    help="how to draft: auto reads the drafter's kind from its checkpoint (prompt lookup if none)")
     p.add_argument("--no-draft", action="store_true", help="plain decoding, no speculation (same as --mode off)")
     p.add_argument("--block-size", type=int, default=None, help="tokens per verify round (anchor + drafts)")
@@ -30,7 +33,7 @@ def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def sampling_from(args):
-    from ..engine.sampling import SamplingParams
+    from .engine.sampling import SamplingParams
 
     return SamplingParams(
         temperature=args.temp, top_p=args.top_p, top_k=args.top_k, min_p=args.min_p,
@@ -40,7 +43,7 @@ def sampling_from(args):
 
 
 def load_from(args):
-    from ..loading import load
+    from .loading import load
 
     return load(args.model, drafter=None if args.no_draft else args.drafter, mode=args.mode, dtype=args.dtype,
                 kernels=not args.no_kernels, block_size=args.block_size)
