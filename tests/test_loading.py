@@ -146,8 +146,11 @@ def test_other_checkpoint_kinds_are_refused(tmp_path, target_dir, drafter_dir):
         mlx_spec.load(str(target_dir), drafter=str(dspark), mode="dflash")
     dflash2 = broken_copy(drafter_dir, tmp_path / "dflash2", lambda d: (d / "config.json").write_text(json.dumps(
         {**json.loads((d / "config.json").read_text()), "architectures": ["DFlash2DraftModel"]})))
-    with pytest.raises(DrafterMismatchError, match="DFlash 2 is not supported yet"):
+    # Labelled DFlash 2 but without its conv and selector tensors: refused by the DFlash 2 loader.
+    with pytest.raises(DrafterMismatchError, match="weights do not match its config"):
         mlx_spec.load(str(target_dir), drafter=str(dflash2))
+    with pytest.raises(DrafterMismatchError, match="is a DFlash 2 drafter, not what --mode dflash expects"):
+        mlx_spec.load(str(target_dir), drafter=str(dflash2), mode="dflash")
     with pytest.raises(DrafterMismatchError, match="is a plain language model .a draft model., not what --mode dflash expects"):
         mlx_spec.load(str(target_dir), drafter=str(target_dir), mode="dflash")
 

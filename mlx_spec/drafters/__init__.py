@@ -7,7 +7,7 @@ from pathlib import Path
 from ..errors import DrafterMismatchError, MlxSpecError
 from ..model_files import load_target, read_config, weight_names
 
-MODES = ("auto", "dflash", "dspark", "lookup", "draft-model", "off")
+MODES = ("auto", "dflash", "dflash2", "dspark", "eagle3", "mtp", "lookup", "draft-model", "off")
 
 
 def checkpoint_kind(path: Path) -> str:
@@ -28,14 +28,25 @@ def load_drafter(mode: str, path: Path | None, target, target_config: dict, bloc
         return LookupDrafter(block_size or 8)
     if path is None:
         raise MlxSpecError(f"--mode {mode} needs a drafter (--drafter PATH or repo id)")
-    kind = checkpoint_kind(path)
-    wanted = {"dflash": "dflash", "dspark": "dspark", "draft-model": "lm"}.get(mode, kind)
+    kind = "mtp" if mode == "mtp" else checkpoint_kind(path)  # a whole model with an MTP head reads as "lm"
+    wanted = {"dflash": "dflash", "dflash2": "dflash2", "dspark": "dspark", "eagle3": "eagle3",
+              "draft-model": "lm"}.get(mode, kind)
     if kind != wanted:
         what = {"lm": "a plain language model (a draft model)", "dflash": "a DFlash drafter", "dspark": "a DSpark drafter",
-                "dflash2": "a DFlash 2 drafter"}.get(kind, "not a known drafter checkpoint")
+                "dflash2": "a DFlash 2 drafter", "eagle3": "an EAGLE-3 drafter",
+                "mtp": "an MTP head (--mode mtp)"}.get(kind, "not a known drafter checkpoint")
         raise DrafterMismatchError(f"{path} is {what}, not what --mode {mode} expects")
+    if kind in ("eagle3", "mtp"):
+        from .eagle3 import load_eagle3
+        from .mtp import load_mtp
+
+        return (load_eagle3 if kind == "eagle3" else load_mtp)(path, target, target_config, block_size)
     if kind == "lm":
         return _draft_model(path, target_config, block_size)
+    if kind == "dflash2":
+        from .dflash2 import load_dflash2
+
+        return load_dflash2(path, target, target_config)
     if kind == "dspark":
         from .dspark import load_dspark
 

@@ -217,6 +217,10 @@ class DFlashDrafter(nn.Module):
 
     # --- the model ---------------------------------------------------------------
     def block_logits(self, state: DFlashState, anchor: int, n_slots: int) -> mx.array:
+        return self.head_logits(self.block_hidden(state, anchor, n_slots))
+
+    def block_hidden(self, state: DFlashState, anchor: int, n_slots: int) -> mx.array:
+        """The block's rows after the final norm (what the LM head reads)."""
         cfg, target = self.config, self._target
         ids = mx.array([[anchor] + [cfg.mask_token_id] * (n_slots - 1)])
         h = target.embed(ids)
@@ -225,7 +229,12 @@ class DFlashDrafter(nn.Module):
         start = state.offset
         for i, layer in enumerate(self.layers):
             h = layer(h, state.kv(i), start, cfg.window(i), cfg.causal(i))
-        logits = target.lm_head(self.norm(h)).astype(mx.float32) * cfg.output_multiplier
+        return self.norm(h)
+
+    def head_logits(self, h: mx.array) -> mx.array:
+        """The target's LM head over drafter rows, with the checkpoint's multiplier and softcap."""
+        cfg = self.config
+        logits = self._target.lm_head(h).astype(mx.float32) * cfg.output_multiplier
         if cfg.final_logit_softcapping:
             cap = cfg.final_logit_softcapping
             logits = mx.tanh(logits / cap) * cap
@@ -249,6 +258,13 @@ def detect_kind(cfg: dict, weight_names: set[str]) -> str:
         return "dflash2"
     if "DSpark" in archs or any(w.startswith("markov_head") for w in weight_names):
         return "dspark"
+    from .eagle3 import is_eagle3
+    from .mtp import is_mtp_only
+
+    if is_eagle3(cfg, weight_names):  # before DFlash: EAGLE-3 has an fc.weight too
+        return "eagle3"
+    if is_mtp_only(cfg, weight_names):
+        return "mtp"
     if "dflash_config" in cfg or "DFlash" in archs or "fc.weight" in weight_names:
         return "dflash"
     if "model_type" in cfg and any("embed_tokens" in w or ".embeddings." in w for w in weight_names):  # nemotron_h: backbone.embeddings
@@ -259,16 +275,15 @@ def detect_kind(cfg: dict, weight_names: set[str]) -> str:
 def load_dflash(path: Path, target, target_config: dict) -> DFlashDrafter:
     """Load a DFlash drafter folder and check that it fits `target` (a `Target`)."""
     raw = read_config(path)
-    files = check_safetensors(path)
-    weights = {}
-    for f in files:
-        weights.update(mx.load(str(f)))
+    weights = read_weights(path)
     kind = detect_kind(raw, set(weights))
     if kind != "dflash":
         hint = {
-            "dflash2": "a DFlash 2 drafter; DFlash 2 is not supported yet",
+            "dflash2": "a DFlash 2 drafter, not a DFlash one (load it with --mode dflash2 or auto)",
             "dspark": "a DSpark drafter, not a DFlash one (load it with --mode dspark or auto)",
             "lm": "a plain language model, not a DFlash drafter",
+            "eagle3": "an EAGLE-3 drafter, not a DFlash one (load it with --mode eagle3 or auto)",
+            "mtp": "an MTP head, not a DFlash drafter (load it with --mode mtp or auto)",
         }.get(kind, "not a DFlash drafter")
         raise DrafterMismatchError(f"{path} is {hint}")
     try:
@@ -276,7 +291,19 @@ def load_dflash(path: Path, target, target_config: dict) -> DFlashDrafter:
     except KeyError as e:
         raise LoadError(f"{path}/config.json lacks {e.args[0]!r}") from None
     check_fit(cfg, target, target_config, path)
-    model = DFlashDrafter(cfg)
+    return fill(DFlashDrafter(cfg), weights, path).bind(target)
+
+
+def read_weights(path: Path) -> dict:
+    weights = {}
+    for f in check_safetensors(path):
+        weights.update(mx.load(str(f)))
+    return weights
+
+
+def fill(model: DFlashDrafter, weights: dict, path: Path) -> DFlashDrafter:
+    """Load checkpoint weights into a DFlash-family drafter (quantized where the file is)."""
+    cfg = model.config
     weights = model.sanitize(weights)
     if cfg.quantization:
         q = cfg.quantization
@@ -292,7 +319,7 @@ def load_dflash(path: Path, target, target_config: dict) -> DFlashDrafter:
     if fc_in != len(cfg.target_layer_ids) * cfg.hidden_size:
         raise DrafterMismatchError(f"{path}: fc takes {fc_in} features, expected {len(cfg.target_layer_ids)} taps x {cfg.hidden_size}")
     mx.eval(model.parameters())
-    return model.bind(target)
+    return model
 
 
 def check_fit(cfg: DFlashConfig, target, target_config: dict, path: Path) -> None:
