@@ -60,7 +60,7 @@ class Metrics:
             c["prompt_tokens"] += len(seq.job.ids)
             c["prompt_tokens_cached"] += seq.cached_tokens
             c["generation_tokens"] += seq.completion_tokens
-            c["spec_decode_num_drafts"] += s.drafted_per_position[0] if s.drafted_per_position else 0
+            c["spec_decode_num_drafts"] += s.drafting_rounds
             c["spec_decode_num_draft_tokens"] += s.drafted
             c["spec_decode_num_accepted_tokens"] += s.accepted
             grow = len(s.accepted_per_position) - len(self.accepted_per_pos)

@@ -1,7 +1,7 @@
 """OpenAI response objects and stream chunks for chat and text completions.
 
 Every final response and finish chunk also carries `speculative`: this request's drafted
-and accepted tokens and τ (tokens committed per verify round).
+and accepted tokens, τ (1 + accepted / rounds that drafted) and tokens per target pass.
 """
 
 from __future__ import annotations
