@@ -1,20 +1,35 @@
 """Several requests' caches seen as one batch, so one target pass verifies every block.
 
-Each request keeps its own per-layer KVCache. For a batched pass, a `BatchView` per layer
-hands the model per-row offsets (for RoPE), writes each row's new keys/values into that
-row's own cache, and returns them right-padded to a common length with a mask that hides
-the padding and keeps the block causal. Rows never mix, so a batched request decodes
-exactly as it would alone.
+Each request keeps its own per-layer caches. For a batched pass, one view per layer hands the
+model a batch made of those rows and writes each row's update back into that row's own cache:
+
+- `BatchView` (plain KV): per-row offsets (for RoPE); each row's new keys/values go into its own
+  cache and come back right-padded to a common length, with a mask that hides the padding and
+  keeps the block causal;
+- `WindowView` (SpecRotatingKVCache): the same, with each row's window in the mask (rows keep
+  different numbers of old rows, so each query's window starts at its own buffer row);
+- `StateView` (RecurrentCache: Gated DeltaNet, Mamba2, conv, KDA states): the rows' states stacked
+  into one batch; the layer's new state is split back into the rows. The whole padded block runs
+  through every row's state; what came after a row's own last token (padding, rejected drafts)
+  is rolled back per row, by that row's accepted length (rewind + replay, see recurrent.py).
+
+Rows never mix, so a batched request decodes exactly as it would alone. Rewound rows then replay
+their accepted tokens together, one batched pass per replay length (`replay`), never padded:
+padding would run through a state that is kept.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import CacheList, KVCache
+
+from .recurrent import RecurrentCache
+from .rollback import leaves, replayed
+from .rotating import SpecRotatingKVCache
 
 
 class BatchView:
-    def __init__(self, caches: list[KVCache]):
+    def __init__(self, caches: list):
         self.caches = caches
         self.lengths = [c.offset for c in caches]
         self.offset = mx.array(self.lengths)
@@ -28,17 +43,99 @@ class BatchView:
 
         return mx.concatenate([pad(k) for k, _ in rows]), mx.concatenate([pad(v) for _, v in rows])
 
-    def make_mask(self, n: int, **_) -> mx.array:
-        """[B, 1, n, L]: query q of row b sees keys 0 .. lengths[b] + q."""
-        keys = mx.arange(max(self.lengths) + n)[None, None, :]
-        last = self.offset[:, None, None] + mx.arange(n)[None, :, None]
-        return (keys <= last)[:, None]
+    def _mask(self, starts: list[int], n: int, window: int | None) -> mx.array:
+        """[B, 1, n, L]: query q of row b sits at buffer row starts[b] + q and sees the rows up to it
+        (and, with a window, only the last `window` of them)."""
+        keys = mx.arange(max(starts) + n)[None, None, :]
+        last = mx.array(starts)[:, None, None] + mx.arange(n)[None, :, None]
+        mask = keys <= last
+        if window:
+            mask = mask & (keys > last - window)
+        return mask[:, None]
+
+    def make_mask(self, n: int, window_size: int | None = None, **_) -> mx.array:
+        return self._mask(self.lengths, n, window_size)
+
+
+class WindowView(BatchView):
+    def __init__(self, caches: list[SpecRotatingKVCache]):
+        super().__init__(caches)
+        self.kept = [c._kept() for c in caches]  # buffer rows before each row's new ones, after the update
+        self.window = caches[0].max_size
+
+    def make_mask(self, n: int, window_size: int | None = None, **_) -> mx.array:
+        return self._mask(self.kept, n, window_size or self.window)
+
+
+class StateView:
+    """The rows' RecurrentCaches as one ArraysCache-like batch, as mlx-lm's recurrent layers use it:
+    `cache[i]` reads, `cache[i] = ...` writes, `advance(S)`, `lengths`, `make_mask`."""
+
+    lengths = None  # every row runs the whole block: what follows a row's own tokens is rolled back
+
+    def __init__(self, caches: list[RecurrentCache]):
+        self.caches = caches
+
+    def __getitem__(self, i):
+        rows = [c[i] for c in self.caches]
+        like = next((r for r in rows if r is not None), None)
+        if like is None:
+            return None
+        # a row without state yet starts from zeros, as the layer itself would start it
+        return mx.concatenate([mx.zeros_like(like) if r is None else r for r in rows])
+
+    def __setitem__(self, i, value):
+        for b, c in enumerate(self.caches):
+            c[i] = value[b : b + 1]
+
+    def advance(self, n: int) -> None:
+        for c in self.caches:
+            c.advance(n)
+
+    def make_mask(self, n: int):
+        return None  # no padding inside a row's own tokens: the padded tail only follows them
+
+    def __bool__(self):  # some layers test `if cache:`
+        return True
+
+
+def _view(layer: list):
+    first = layer[0]
+    if isinstance(first, CacheList):
+        return CacheList(*(_view(list(sub)) for sub in zip(*(c.caches for c in layer))))
+    if isinstance(first, RecurrentCache):
+        return StateView(layer)
+    if isinstance(first, SpecRotatingKVCache):
+        return WindowView(layer)
+    return BatchView(layer)
+
+
+BATCHABLE = (KVCache, SpecRotatingKVCache, RecurrentCache)
 
 
 def can_batch(cache_lists: list[list]) -> bool:
-    """Plain KV caches batch this way; sliding-window and other caches verify one request at a time."""
-    return all(type(c) is KVCache for caches in cache_lists for c in caches)
+    """Plain KV, sliding-window and recurrent caches (also inside CacheLists) batch; quantized KV caches
+    and anything else verify one request at a time."""
+    return all(type(c) in BATCHABLE for caches in cache_lists for c in leaves(caches))
 
 
-def batch_caches(cache_lists: list[list]) -> list[BatchView]:
-    return [BatchView(list(layer)) for layer in zip(*cache_lists)]
+def batch_caches(cache_lists: list[list]) -> list:
+    return [_view(list(layer)) for layer in zip(*cache_lists)]
+
+
+def replay(pcs: list) -> None:
+    """Feed the rewound recurrent states of several requests their accepted tokens again (PromptCache
+    defers them in a batched round): requests replaying as many tokens share one unpadded pass."""
+    groups: dict[int, list] = {}
+    for pc in pcs:
+        if pc.deferred:
+            groups.setdefault(len(pc.deferred), []).append(pc)
+    for group in groups.values():
+        tokens = mx.array([pc.deferred for pc in group])
+        if len(group) == 1:
+            group[0].replay_pass(tokens, group[0].cache)
+        else:
+            group[0].replay_pass(tokens, batch_caches([pc.cache for pc in group]))
+        for pc in group:
+            replayed(pc.cache)
+            pc.deferred = None

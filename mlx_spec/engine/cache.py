@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
@@ -11,6 +13,17 @@ from .rollback import UNBOUNDED, leaves, make_cache, max_trim, pending, replayed
 from .rotating import SpecRotatingKVCache
 
 __all__ = ["PromptCache", "make_cache", "trim", "max_trim", "spec_caches", "eval_state", "SpecRotatingKVCache"]
+
+
+def body(model):
+    """The module that runs the decoder stack (embedding, layers, final norm) without the LM head, where
+    it takes the cache as the whole model does; else the whole model."""
+    from ..target import find_layers
+
+    owner = find_layers(model)[0]
+    if owner is not model and "cache" in inspect.signature(owner.__call__).parameters:
+        return owner
+    return model
 
 
 class PromptCache:
@@ -32,7 +45,9 @@ class PromptCache:
 
     def __init__(self, model, drafter=None):
         self.model = model
+        self._body = body(model)
         self._drafter = drafter
+        self.deferred: list[int] | None = None  # accepted tokens whose replay waits (see add)
         self.reset()
         self.reused = 0  # prompt tokens the last `reuse` found already cached
 
@@ -47,14 +62,19 @@ class PromptCache:
         self._marks: list[tuple[int, list]] = []  # (tokens, snapshot), by position
         self._mark_at: int | None = None  # take the checkpoint when the cache holds this many tokens
 
-    def add(self, tokens: list[int], hidden: mx.array | None) -> None:
-        """Rows just written to the target cache, with their tapped hidden states [1, n, taps*H] (or None)."""
+    def add(self, tokens: list[int], hidden: mx.array | None, defer: bool = False) -> None:
+        """Rows just written to the target cache, with their tapped hidden states [1, n, taps*H] (or None).
+        defer: a rewound recurrent state's replay waits for `engine.batch.replay` (a batched round
+        replays its requests together)."""
         behind = pending(self.cache)
         if behind:  # a recurrent state was rewound past a rejected draft: feed it the accepted tokens again
             if behind != len(tokens):
                 raise MlxSpecError(f"{behind} tokens to replay, {len(tokens)} committed")
-            self.model(mx.array([tokens]), cache=self.cache)
-            replayed(self.cache)
+            if defer:
+                self.deferred = list(tokens)
+            else:
+                self.replay_pass(mx.array([tokens]), self.cache)
+                replayed(self.cache)
         self.tokens += tokens
         if len(self.tokens) == self._mark_at:
             self._checkpoint()
@@ -64,6 +84,11 @@ class PromptCache:
         self._pending_rows += len(tokens)
         if self._pending_rows >= self.FLUSH_ROWS:
             self.drafter_state()
+
+    def replay_pass(self, tokens: mx.array, cache) -> None:
+        """Run tokens [B, n] through the target only to update its caches: through the decoder stack's
+        owner when it takes a cache (no LM head: its logits are not needed), else the whole model."""
+        self._body(tokens, cache=cache)
 
     def drafter_state(self):
         """The drafter's state, caught up with every committed row."""
@@ -87,7 +112,7 @@ class PromptCache:
             raise MlxSpecError(f"cannot roll the cache back {drop} tokens exactly (at most {self.max_trim()})")
         replay = trim(self.cache, drop)
         if replay:
-            self.model(mx.array([self.tokens[n - replay : n]]), cache=self.cache)
+            self.replay_pass(mx.array([self.tokens[n - replay : n]]), self.cache)
             replayed(self.cache)
         self._forget(n)
 

@@ -15,7 +15,7 @@ from typing import Iterator, Protocol
 import mlx.core as mx
 
 from ..drafters.base import Draft
-from .batch import batch_caches, can_batch
+from .batch import batch_caches, can_batch, replay
 from .cache import PromptCache, eval_state, trim
 from .sampling import Sampler, accept
 
@@ -98,9 +98,10 @@ def step(target, drafter, states: list[DecodeState]) -> list[Round]:
         history = s.pc.tokens + [s.anchor] if s.sampler.processors else None
         rows = s.sampler.process(history, p.tokens, logits[i, : len(p) + 1])
         accepted, tokens = accept(rows, p, s.sampler, target.kernels, position=len(s.pc.tokens) + 1)
-        commit(s, tokens, None if hidden is None else hidden[i : i + 1], width)
+        commit(s, tokens, None if hidden is None else hidden[i : i + 1], width, defer=len(states) > 1)
         s.lengths.update(len(p), accepted)
         rounds.append(Round(tokens, len(p), accepted))
+    replay([s.pc for s in states])  # rewound recurrent states, batched
     return rounds
 
 
@@ -136,10 +137,10 @@ def verify(target, states: list[DecodeState], proposals: list[Draft]):
     return logits, hidden, width
 
 
-def commit(s: DecodeState, tokens: list[int], hidden, width: int) -> None:
+def commit(s: DecodeState, tokens: list[int], hidden, width: int, defer: bool = False) -> None:
     keep = len(tokens)  # the anchor plus the accepted drafts (the bonus is the next anchor)
     trim(s.pc.cache, width - keep)
-    s.pc.add([s.anchor] + tokens[:-1], None if hidden is None else hidden[:, :keep])
+    s.pc.add([s.anchor] + tokens[:-1], None if hidden is None else hidden[:, :keep], defer)
     s.anchor = tokens[-1]
     s.k = None
 
