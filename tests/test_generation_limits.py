@@ -78,3 +78,22 @@ def test_cli_refuses_a_block_size_the_drafter_cannot_verify(value):
     out = subprocess.run([sys.executable, "-m", "mlx_spec.cli", "generate", "--prompt", "hi", "-m", "4",
                           "--block-size", value], capture_output=True, text=True, timeout=300)
     assert out.returncode == 2 and "block size must be an integer" in out.stderr, out.stderr
+
+
+def test_server_usage_counts_only_tokens_up_to_the_stop(pair):
+    """usage.completion_tokens inherits the library's count: tokens past the stop string are not billed."""
+    from mlx_spec.app.server.config import ModelConfig, ServerConfig
+    from test_server_harness import RunningServer
+
+    model, tok = pair
+    ref = tokens_of(mlx_spec.stream_generate(model, tok, PROMPT, 48, block_size=1))
+    before, upto = tok.decode(ref[:9]), tok.decode(ref[:10])
+    stop = upto[len(before) - 2:]
+    cut = next(j for j in range(1, len(ref) + 1) if stop in tok.decode(ref[:j]))
+    server = RunningServer(ServerConfig(model=ModelConfig(str(DEFAULT_TARGET), str(DEFAULT_DRAFTER), block_size=6)))
+    try:
+        r = server.client().chat.completions.create(model="m", messages=PROMPT, max_tokens=48, stop=[stop])
+        assert r.usage.completion_tokens == cut and r.choices[0].finish_reason == "stop"
+        assert r.choices[0].message.content == tok.decode(ref[:cut]).split(stop)[0]
+    finally:
+        server.stop()
