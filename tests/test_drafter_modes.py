@@ -97,7 +97,7 @@ def test_dspark_sampling_follows_target(models_dir, tokenizer_dir):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (dict(markov_head_type="rnn"), "markov_head_type 'rnn' is not supported"),
+    (dict(markov_head_type="lstm"), "markov_head_type 'lstm' is not supported"),
     (dict(hidden_size=32), "hidden size 32 != target's 64"),
     (dict(target_layer_ids=[0, 7]), r"target_layer_ids \[7\] out of range"),
 ])

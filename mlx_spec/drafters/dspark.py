@@ -6,8 +6,16 @@ Differences from DFlash that matter for correctness:
 - it carries its own frozen copies of the target's embedding and LM head;
 - drafts are drawn left to right: logits_k = U_k + W2(W1[x_{k-1}]) (x_0 = the anchor), so q_k
   is conditioned on the token actually drawn before it;
-- a confidence head c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])) lets the draft stop early where the
-  survival product prod c_i falls below a threshold.
+- a confidence head c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])) lets the draft stop early: where the
+  survival product prod c_i falls below a threshold (the paper's scheduler, mlx-dspark), or with
+  `confidence_rule: "step"` where c_k itself does (DeepSpec's evaluator).
+
+Markov heads (DeepSpec `markov_head_type`), e = W1[x_{k-1}], h_k the slot's post-norm row:
+- vanilla: bias = W2(e);
+- gated: bias = W2(sigmoid(gate_proj([h_k ; e])) * e);
+- rnn: [g, c, o] = joint_proj([s_{k-1} ; e ; h_k]), s_k = sigmoid(g) s_{k-1} + (1 - sigmoid(g)) tanh(c),
+  bias = W2(tanh(o)), with s_0 = 0 in every block: its state never outlives a block, so rollback
+  is still DFlash's context cache alone.
 """
 
 from __future__ import annotations
@@ -24,10 +32,46 @@ from .dflash import DFlashConfig, DFlashDrafter, check_fit
 
 
 class MarkovHead(nn.Module):
-    def __init__(self, vocab: int, rank: int):
+    """The vanilla head; `step` gives one slot's logit bias and the head's state after it."""
+
+    def __init__(self, vocab: int, rank: int, hidden: int):
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab, rank)
         self.markov_w2 = nn.Linear(rank, vocab, bias=False)
+
+    def start(self):
+        return None
+
+    def step(self, state, e: mx.array, h: mx.array):
+        return state, self.markov_w2(e)
+
+
+class GatedMarkovHead(MarkovHead):
+    def __init__(self, vocab: int, rank: int, hidden: int):
+        super().__init__(vocab, rank, hidden)
+        self.gate_proj = nn.Linear(hidden + rank, rank)
+
+    def step(self, state, e, h):
+        gate = mx.sigmoid(self.gate_proj(mx.concatenate([h, e.astype(h.dtype)], -1)))
+        return state, self.markov_w2(gate.astype(e.dtype) * e)
+
+
+class RNNHead(MarkovHead):
+    def __init__(self, vocab: int, rank: int, hidden: int):
+        super().__init__(vocab, rank, hidden)
+        self.rank = rank
+        self.joint_proj = nn.Linear(2 * rank + hidden, 3 * rank)
+
+    def start(self):
+        return mx.zeros((1, self.rank))
+
+    def step(self, state, e, h):
+        g, c, o = mx.split(self.joint_proj(mx.concatenate([state.astype(h.dtype), e.astype(h.dtype), h], -1)), 3, -1)
+        g = mx.sigmoid(g)
+        return g * state + (1 - g) * mx.tanh(c), self.markov_w2(mx.tanh(o))
+
+
+HEADS = {"vanilla": MarkovHead, "gated": GatedMarkovHead, "rnn": RNNHead}
 
 
 class ConfidenceHead(nn.Module):
@@ -38,11 +82,12 @@ class ConfidenceHead(nn.Module):
 
 class DSparkDrafter(DFlashDrafter):
     def __init__(self, cfg: DFlashConfig, rank: int, confidence: bool, with_markov: bool, threshold: float,
-                 logits_start: int = 0):
+                 logits_start: int = 0, head: str = "vanilla", rule: str = "survival"):
         super().__init__(cfg)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.markov_head = MarkovHead(cfg.vocab_size, rank)
+        self.markov_head = HEADS[head](cfg.vocab_size, rank, cfg.hidden_size)
+        self.rule = rule
         if confidence:
             self.confidence_head = ConfidenceHead(cfg.hidden_size + (rank if with_markov else 0))
         self.with_markov, self.threshold, self.logits_start = with_markov, threshold, logits_start
@@ -60,10 +105,12 @@ class DSparkDrafter(DFlashDrafter):
         k = min(k, self.max_drafts)
         h = self.block_hidden(state, anchor, k + self.logits_start)[0, self.logits_start :]  # [k, H]
         base = self.lm_head(h).astype(mx.float32)
-        prev, tokens, qs, conf = mx.array([anchor]), [], [], []
+        head = self.markov_head
+        prev, tokens, qs, conf, s = mx.array([anchor]), [], [], [], head.start()
         for j in range(k):
-            m = self.markov_head.markov_w1(prev)  # [1, rank]
-            logits = base[j : j + 1] + self.markov_head.markov_w2(m).astype(mx.float32)
+            m = head.markov_w1(prev)  # [1, rank]
+            s, bias = head.step(s, m, h[j : j + 1])
+            logits = base[j : j + 1] + bias.astype(mx.float32)
             if sampling.greedy:
                 prev = logits.argmax(-1).astype(mx.int32)
             else:
@@ -78,9 +125,11 @@ class DSparkDrafter(DFlashDrafter):
         return Draft(tokens[:n], mx.concatenate(qs)[:n] if qs else None)
 
     def _keep(self, conf: list[mx.array]) -> int:
-        """Drafts up to the first position where the survival product falls below the threshold."""
-        survival = mx.cumprod(mx.stack(conf)).tolist()
-        return next((i for i, s in enumerate(survival) if s < self.threshold), len(survival))
+        """Drafts up to the first position where the survival product (or, rule "step", the position's
+        own confidence) falls below the threshold."""
+        c = mx.stack(conf)
+        score = (c if self.rule == "step" else mx.cumprod(c)).tolist()
+        return next((i for i, s in enumerate(score) if s < self.threshold), len(score))
 
     def block_hidden(self, state, anchor: int, n_slots: int) -> mx.array:
         cfg = self.config
@@ -93,9 +142,12 @@ class DSparkDrafter(DFlashDrafter):
 
 def load_dspark(path: Path, target, target_config: dict) -> DSparkDrafter:
     raw = read_config(path)
-    head = raw.get("markov_head_type", "vanilla")
-    if head != "vanilla":
-        raise LoadError(f"{path}: DSpark markov_head_type {head!r} is not supported (only 'vanilla')")
+    head = str(raw.get("markov_head_type", "vanilla")).lower()
+    if head not in HEADS:
+        raise LoadError(f"{path}: DSpark markov_head_type {head!r} is not supported (one of {', '.join(HEADS)})")
+    rule = raw.get("confidence_rule", "survival")
+    if rule not in ("survival", "step"):
+        raise LoadError(f"{path}: confidence_rule {rule!r} is not 'survival' or 'step'")
     nested = {k: raw[k] for k in ("mask_token_id", "target_layer_ids", "block_size") if k in raw}
     try:
         cfg = DFlashConfig.from_dict({**raw, "dflash_config": {**nested, **(raw.get("dflash_config") or {})}})
@@ -108,7 +160,8 @@ def load_dspark(path: Path, target, target_config: dict) -> DSparkDrafter:
         weights.update(mx.load(str(f)))
     model = DSparkDrafter(cfg, rank=raw.get("markov_rank", 256), confidence=raw.get("enable_confidence_head", False),
                           with_markov=raw.get("confidence_head_with_markov", True),
-                          threshold=raw.get("confidence_threshold", 0.0), logits_start=raw.get("logits_start", 0))
+                          threshold=raw.get("confidence_threshold", 0.0), logits_start=raw.get("logits_start", 0),
+                          head=head, rule=rule)
     weights = model.sanitize(weights)
     if cfg.quantization:
         q = cfg.quantization
