@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from . import errors, security
+from . import anthropic, errors, responses_api, security
 from .config import ServerConfig
 from .routes import router
 from .state import ServerState
@@ -27,5 +27,7 @@ def create_app(config: ServerConfig) -> FastAPI:
                   middleware=security.middleware(config))
     app.state.server = state
     errors.install(app)
-    app.include_router(router)
+    app.include_router(router)  # OpenAI: Chat Completions, Completions, models, health, metrics
+    app.include_router(anthropic.router)  # Anthropic: Messages, count_tokens
+    app.include_router(responses_api.router)  # OpenAI: Responses
     return app

@@ -62,6 +62,19 @@ def chat_job(req: ChatRequest, ids: list[int], info: ModelInfo, defaults: Defaul
     return _job(req, ids, wanted, param, "messages", info, defaults, limits, partition)
 
 
+def job(req: Sampling, ids: list[int], wanted: int | None, param: str, prompt_param: str, info: ModelInfo,
+        defaults: Defaults, limits, partition: tuple = ()) -> Job:
+    """A job for the Messages and Responses APIs, whose own fields were mapped onto `req`."""
+    return _job(req, ids, wanted, param, prompt_param, info, defaults, limits, partition)
+
+
+def check_counts(messages: int, tools: int, limits) -> None:
+    if messages > limits.max_messages:
+        raise invalid(f"at most {limits.max_messages} messages per request", "messages")
+    if tools > limits.max_tools:
+        raise invalid(f"at most {limits.max_tools} tools per request", "tools")
+
+
 def check_completion(req: CompletionRequest) -> None:
     unsupported = [("logprobs", req.logprobs is not None), ("echo", bool(req.echo)),
                    ("best_of", req.best_of not in (None, 1)), ("suffix", bool(req.suffix))]

@@ -107,3 +107,22 @@ class CompletionRequest(Sampling):
     echo: bool | None = False
     best_of: int | None = None
     suffix: str | None = None
+
+
+class Extensions(Base):
+    """mlx-spec's sampling fields beyond what the Messages and Responses APIs define (as in Chat Completions)."""
+
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, le=10)
+    logit_bias: dict[str, float] | None = None
+    seed: int | None = Field(None, ge=-(1 << 63), lt=1 << 64)
+    top_k: int | None = Field(None, ge=-1)
+    user: str | None = None
+    prompt_cache_key: str | None = None
+
+    def sampling(self, **fields) -> Sampling:
+        """These fields and the API's own as the `Sampling` that params.py turns into a job (already validated)."""
+        mine = {k: getattr(self, k) for k in Extensions.model_fields}
+        return Sampling.model_construct(**{**mine, **fields})

@@ -117,3 +117,22 @@ def failure(e: Exception) -> APIError:
 def _error(e: Exception, path: str | None = None) -> dict:
     e = failure(e)
     return error_body(e.status, e.message, e.code, e.param, path=path)
+
+
+async def gather(handle: Handle, splitter: Splitter | None) -> tuple[str, str, list[dict], Output] | None:
+    """(reasoning, text, tool calls, last output) of a whole response; None if the client left."""
+    thoughts, texts, calls = [], [], []
+    try:
+        async for out in outputs(handle, None):
+            raise_failure(out)
+            if out.finish_reason == "abort":
+                return None
+            thought, text, new = _split(out, splitter)
+            thoughts.append(thought)
+            texts.append(text)
+            calls += new
+            if out.finish_reason is not None:
+                return "".join(thoughts), "".join(texts), calls, out
+        return None
+    finally:
+        handle.close()
