@@ -24,6 +24,9 @@ def add_arguments(p) -> None:
     p.add_argument("--vs-draft-model", default=None, help="also run mlx-lm's speculative mode with this draft model")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", default=None, help="write speedup vs block size per kind to this PNG")
+    p.add_argument("--rollback", nargs="?", const="", default=None, metavar="DIR",
+                   help="instead: a Qwen3.5-shaped random hybrid vs a dense model of its size, oracle drafters at "
+                        "0/50/100%% acceptance, with the rollback cost per round (random models built in DIR)")
 
 
 def prompt_sets(args, tokenizer) -> dict[str, list]:
@@ -47,6 +50,9 @@ def prompt_sets(args, tokenizer) -> dict[str, list]:
 def run(args) -> int:
     import mlx.core as mx
 
+    if args.rollback is not None:
+        return run_rollback(args)
+
     from ..bench import as_json, bench_kind, plot
     from ..calibrate import calibrated_curve
     from ..errors import MlxSpecError
@@ -60,6 +66,7 @@ def run(args) -> int:
             raise MlxSpecError("nothing to compare: no drafter for this model (pass --drafter)")
         meta.update(model=str(model.target_path), drafter=str(model.drafter_path))
         curve = calibrated_curve(model, model.drafter.block_size)
+        meta["rollback_ms"] = rollback_line(model, model.drafter.block_size)
         meta["cost_curve"] = {"verify_ratio": [round(r, 3) for r in curve.ratios()], "t1_ms": curve.verify[0] * 1e3,
                               "round_ratio": [round(r, 3) for r in curve.round_ratios()]}
         sizes = [None if b == "auto" else int(b) for b in args.block_sizes.split(",")]
@@ -131,3 +138,45 @@ def show(rows, meta) -> None:
     console.print("cost curve t(M)/t(1), M=1…: " + " ".join(f"{x:.2f}" for x in curve.get("verify_ratio", [])))
     rounds = curve.get("round_ratio", [])
     console.print("measured round / plain step, k=0… drafts: " + " ".join(f"{x:.2f}" for x in rounds))
+    if meta.get("rollback_ms"):
+        console.print(format_rollback(meta["rollback_ms"]))
+
+
+def rollback_line(model, width: int) -> dict | None:
+    """A hybrid target's rollback cost: ms to replay n accepted tokens after a rejection (n = 1 … width-1)."""
+    from ..bench_models import replay_cost
+
+    cost = replay_cost(model, width)
+    return None if cost is None else {str(n): round(t * 1e3, 3) for n, t in cost.items()}
+
+
+def format_rollback(ms: dict) -> str:
+    return ("rollback (recurrent state: restore + replay the accepted tokens), ms for n = 1… kept tokens: "
+            + " ".join(f"{v:.2f}" for v in ms.values()) + "; nothing when every draft is accepted")
+
+
+def run_rollback(args) -> int:
+    import tempfile
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..bench_models import rollback_bench
+
+    block = args.block_size or 8
+    rows = rollback_bench(Path(args.rollback or tempfile.mkdtemp()), block=block, tokens=args.max_tokens,
+                          repeats=args.repeats)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        t = Table(title=f"rollback: block {block}, {args.max_tokens} tokens, best of {args.repeats}")
+        for col in ("model", "acceptance", "plain tok/s", "spec tok/s", "speedup", "τ", "rollback ms/round",
+                    "recording would add ms/round", "identical"):
+            t.add_column(col)
+        for r in rows:
+            rec = r["recording_ms_per_round"]
+            t.add_row(r["model"], f"{r['acceptance']:.0%}", f"{r['plain_tps']:.1f}", f"{r['spec_tps']:.1f}",
+                      f"{r['speedup']:.2f}x", f"{r['tau']:.2f}", f"{r['rollback_ms_per_round']:.2f}",
+                      "" if rec is None else f"{rec:.2f}", "yes" if r["identical"] else "NO")
+        Console(width=160).print(t)
+    return 0 if all(r["identical"] for r in rows) else 1

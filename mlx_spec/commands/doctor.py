@@ -52,6 +52,9 @@ def run(args) -> int:
                               "round_ratio": [round(r, 2) for r in curve.round_ratios()],
                               "host_ms": [round((curve.round_time(k) - curve.pass_time(k)) * 1e3, 3)
                                           for k in range(1, len(curve.rounds))]}
+        from .bench import rollback_line
+
+        info["rollback_ms"] = rollback_line(model, width)
         if curve.draft:
             info["chosen_length"] = {str(a): best_length(curve, [a] * curve.max_drafts) for a in (0.5, 0.7, 0.9)}
     if args.json:
@@ -81,4 +84,8 @@ def show(info: dict) -> None:
             host = " ".join(f"{x:.2f}" for x in c["host_ms"])
             t.add_row("host ms per round, k=1…", host + "  (round − verify − draft)")
             t.add_row("chosen draft length", ", ".join(f"α={a}: k={k}" for a, k in info["chosen_length"].items()))
+        if info.get("rollback_ms"):  # a hybrid target: recurrent states roll back by replay
+            from .bench import format_rollback
+
+            t.add_row("rollback", format_rollback(info["rollback_ms"]))
     Console(file=sys.stdout).print(t)

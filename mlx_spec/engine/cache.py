@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import time
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -40,6 +41,7 @@ class PromptCache:
     references, not copies: MLX arrays are immutable and these caches never write in place.
     """
 
+    replay_seconds: float | None = None  # set to 0.0 to time replay passes (a measurement; syncs each one)
     FLUSH_ROWS = 256  # bounds the hidden states held for the drafter
     CHECKPOINTS = 4  # prompt ends kept (turn boundaries of a conversation)
 
@@ -88,7 +90,14 @@ class PromptCache:
     def replay_pass(self, tokens: mx.array, cache) -> None:
         """Run tokens [B, n] through the target only to update its caches: through the decoder stack's
         owner when it takes a cache (no LM head: its logits are not needed), else the whole model."""
-        self._body(tokens, cache=cache)
+        if PromptCache.replay_seconds is None:
+            self._body(tokens, cache=cache)
+            return
+        t = time.perf_counter()  # measuring (bench --rollback): wait for the pass and the states it wrote
+        out = self._body(tokens, cache=cache)
+        mx.eval(out, [a for c in leaves(cache) if hasattr(c, "state") for _, a in tree_flatten(c.state)
+                      if isinstance(a, mx.array)])
+        PromptCache.replay_seconds += time.perf_counter() - t
 
     def drafter_state(self):
         """The drafter's state, caught up with every committed row."""
