@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -47,6 +48,9 @@ def find_drafter(target_ref: str, target_path: Path) -> Path | None:
     """The drafter for a target: the embedded pair, else the registry (quantization-insensitive)."""
     if target_path.resolve() in (registry_pkg.DEFAULT_TARGET.resolve(), registry_pkg.DEFAULT_TARGET_8BIT.resolve()):
         return registry_pkg.DEFAULT_DRAFTER if (registry_pkg.DEFAULT_DRAFTER / "config.json").exists() else None
+    for pair in user_pairs():  # pairs `mlx-spec convert` wrote: this very folder, any drafter kind
+        if Path(pair["target"]).resolve() == target_path.resolve() and Path(pair["drafter"]).exists():
+            return Path(pair["drafter"])
     key = base_model_name(target_ref)
     for pair in registry_pkg.registry()["pairs"]:
         if base_model_name(pair["target"]) == key and pair["kind"] == "dflash":
@@ -55,6 +59,26 @@ def find_drafter(target_ref: str, target_path: Path) -> Path | None:
             except LoadError:
                 return None
     return None
+
+
+def user_registry() -> Path:
+    """The user's own pairs: $XDG_DATA_HOME/mlx-spec/registry.json (else ~/.local/share/...)."""
+    return Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share") / "mlx-spec" / "registry.json"
+
+
+def user_pairs() -> list[dict]:
+    try:
+        return json.loads(user_registry().read_text())["pairs"]
+    except (OSError, ValueError, KeyError, TypeError):  # none yet, or unreadable: no user pairs
+        return []
+
+
+def register_pair(target: Path, drafter: Path, kind: str) -> None:
+    """Add (or replace) the pair for `target` in the user registry."""
+    pairs = [p for p in user_pairs() if Path(p["target"]).resolve() != target.resolve()]
+    pairs.append({"target": str(target.resolve()), "drafter": str(drafter.resolve()), "kind": kind})
+    user_registry().parent.mkdir(parents=True, exist_ok=True)
+    user_registry().write_text(json.dumps({"pairs": pairs}, indent=2) + "\n")
 
 
 def base_model_name(ref: str) -> str:
