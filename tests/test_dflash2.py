@@ -229,3 +229,15 @@ def test_matches_zlab_reference(target_dir, models_dir):
     _, cands, q = ref_draft.propose(block, hidden, cache, 0.7, logits_start=1)
     theirs_q = mx.zeros((ours_q.shape[-1],)).at[cands[0, 0]].add(q[0, 0])
     assert mx.allclose(ours_q, theirs_q, atol=1e-5).item()
+
+
+def test_eval_drafter_and_bench_run_it(target_dir, dflash2_dir, capsys):
+    from mlx_spec.cli import main
+
+    assert main(["eval-drafter", "--model", str(target_dir), "--drafter", str(dflash2_dir), "--mode", "dflash2",
+                 "--max-tokens", "8", "--limit", "1"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["bench", "--model", str(target_dir), "--drafter", str(dflash2_dir), "--mode", "dflash2",
+                 "--kinds", "code", "--max-tokens", "8", "--repeats", "1", "--block-sizes", "4", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert rows and all(r["identical"] for r in rows)

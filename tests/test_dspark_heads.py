@@ -172,3 +172,16 @@ def test_mismatches_are_refused(tmp_path, target_dir):
     for path, error, message in cases:
         with pytest.raises(error, match=message):
             mlx_spec.load(str(target_dir), drafter=str(path))
+
+
+def test_eval_drafter_and_bench_run_it(models_dir, target_dir, capsys):
+    from mlx_spec.cli import main
+
+    path = make_head(models_dir / "dspark-rnn", target_dir, "rnn", scale=3.0)  # the rnn fixture's drafter
+    assert main(["eval-drafter", "--model", str(target_dir), "--drafter", str(path), "--mode", "dspark",
+                 "--max-tokens", "8", "--limit", "1"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["bench", "--model", str(target_dir), "--drafter", str(path), "--mode", "dspark",
+                 "--kinds", "code", "--max-tokens", "8", "--repeats", "1", "--block-sizes", "4", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert rows and all(r["identical"] for r in rows)
