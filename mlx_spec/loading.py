@@ -14,6 +14,7 @@ import mlx.nn as nn
 from . import models as registry_pkg
 from .controller import ControllerMemory
 from .drafters import load_drafter
+from .drafters.mtp import has_mtp
 from .errors import LoadError
 from .model_files import load_target, resolve, text_config
 
@@ -95,11 +96,13 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     target: local folder or Hugging Face repo id; None means the embedded default model.
     drafter: folder or repo id; "auto" finds the known drafter for this target; None decodes plainly
         (unless `mode` asks for prompt lookup, which needs no model).
-    mode: auto (the drafter's kind is read from its checkpoint; with no known drafter, prompt
-        lookup), dflash, dspark, lookup, draft-model (any small LM sharing the tokenizer), off.
+    mode: auto (the drafter's kind is read from its checkpoint; with no known drafter, the target's
+        own MTP head if its checkpoint has one, else prompt lookup), dflash, dspark, eagle3, mtp (the
+        target's own MTP head, or --drafter a folder holding one), lookup, draft-model (any small LM
+        sharing the tokenizer), off.
     kernels: use the custom Metal kernels where they win (on Metal only; elsewhere plain MLX runs).
-    block_size: the widest block lookup and draft-model drafters verify (a DFlash or DSpark drafter's
-        is its checkpoint's); default 8.
+    block_size: the widest block lookup, draft-model, EAGLE-3 and MTP drafters verify (a DFlash or
+        DSpark drafter's is its checkpoint's); default 8 (MTP: 4).
     eval_every: start computing every n decoder layers while the host builds the rest of the pass;
         None: 2 on the CPU backend (where it was measured to pay), 0 (off) elsewhere.
     """
@@ -119,6 +122,8 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     drafter_path = None
     if mode not in ("off", "lookup"):
         drafter_path = find_drafter(ref, path) if drafter == "auto" else resolve(drafter)
+        if drafter == "auto" and (mode == "mtp" or (mode == "auto" and drafter_path is None and has_mtp(path))):
+            drafter_path, mode = path, "mtp"  # native MTP: the target's own checkpoint holds the drafter
     draft_model = load_drafter(mode, drafter_path, wrapped, config, block_size)
     if draft_model is not None:
         wrapped.check_speculation()  # caches that cannot roll back exactly: refused now, not mid-request

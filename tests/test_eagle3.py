@@ -1,0 +1,232 @@
+"""EAGLE-3 drafters in their published layouts (SpecForge, speculators/vLLM): loading, refusal of ones that
+do not fit, greedy identity with mlx-lm, exact sampling with several drafts a round, and a head trained
+for a few steps on the target's features is accepted (an untrained one hardly ever)."""
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import pytest
+from mlx.utils import tree_flatten
+
+import factory
+import mlx_spec
+from mlx_spec.cli import main
+from mlx_spec.drafters import checkpoint_kind
+from mlx_spec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Model
+from mlx_spec.engine.sampling import SamplingParams
+from test_lossless_greedy import PROMPTS, plain, spec
+from test_lossless_sampling import chi2_pvalue, count_runs, exact_joint
+
+BLOCKS = range(2, 9)
+
+
+def make_eagle3(out: Path, target_dir: Path, layout: str = "specforge", draft_vocab: int | None = None,
+                aux_ids=None, seed: int = 1, head_scale: float = 1.0, bits: int | None = None, own_embedding=False,
+                **overrides) -> Path:
+    """A random EAGLE-3 checkpoint with the config keys and tensor names its trainer writes."""
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    vocab, hidden = tcfg["vocab_size"], tcfg["hidden_size"]
+    draft_vocab = draft_vocab or vocab
+    layer = dict(model_type="llama", hidden_size=hidden, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, num_hidden_layers=1, rms_norm_eps=1e-6, vocab_size=vocab,
+                 max_position_embeddings=512, rope_theta=10000.0, hidden_act="silu", attention_bias=False,
+                 tie_word_embeddings=False)
+    if layout == "specforge":
+        config = dict(architectures=["LlamaForCausalLMEagle3"], **layer, draft_vocab_size=draft_vocab)
+        if aux_ids is not None:
+            config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(aux_ids)}
+    else:  # speculators (vLLM): the layer's settings nested, tensors under layers.0
+        config = dict(architectures=["Eagle3Speculator"], speculators_model_type="eagle3",
+                      transformer_layer_config=layer, draft_vocab_size=draft_vocab, norm_before_residual=False,
+                      eagle_aux_hidden_state_layer_ids=list(aux_ids) if aux_ids is not None else None,
+                      speculators_config={"algorithm": "eagle3", "verifier": {"name_or_path": str(target_dir)}})
+    config.update(overrides)
+    mx.random.seed(seed)
+    model = Eagle3Model(Eagle3Config.from_dict(config), own_embedding=own_embedding)
+    model.lm_head.weight = model.lm_head.weight * head_scale
+    if bits:
+        nn.quantize(model, group_size=32, bits=bits)
+        config["quantization"] = {"group_size": 32, "bits": bits}
+    weights = dict(tree_flatten(model.parameters()))
+    if layout != "specforge":
+        weights = {k.replace("midlayer.", "layers.0."): v for k, v in weights.items()}
+        weights["verifier_lm_head.weight"] = mx.zeros((vocab, hidden))  # speculators keeps these; ignored
+    if draft_vocab != vocab:  # the draft vocabulary: a random subset of the target's ids, in order
+        ids = mx.sort(mx.random.permutation(vocab)[:draft_vocab])
+        weights["d2t"] = (ids - mx.arange(draft_vocab)).astype(mx.int64)
+        weights["t2d"] = (mx.arange(vocab)[:, None] == ids[None]).any(-1)
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
+@pytest.fixture(scope="module")
+def eagle(models_dir, target_dir):
+    """SpecForge layout, reduced draft vocabulary, default aux layers ([1, 1, 0] on 4 layers: reordered)."""
+    return make_eagle3(models_dir / "eagle3", target_dir, draft_vocab=200)
+
+
+def load(target, drafter, **kw):
+    model, tok = mlx_spec.load(str(target), drafter=str(drafter), block_size=8, **kw)
+    assert isinstance(model.drafter, Eagle3Drafter)
+    return model, tok
+
+
+def test_auto_mode_reads_eagle3_from_content(target_dir, eagle):
+    assert checkpoint_kind(eagle) == "eagle3"
+    model, _ = load(target_dir, eagle, mode="eagle3")
+    assert model.drafter.tap_ids == (0, 1) and model.target.tap_ids == (0, 1)
+    load(target_dir, eagle)  # auto
+    with pytest.raises(mlx_spec.DrafterMismatchError, match="EAGLE-3 drafter, not what --mode dflash expects"):
+        mlx_spec.load(str(target_dir), drafter=str(eagle), mode="dflash")
+
+
+@pytest.fixture(scope="module")
+def arch_q4(models_dir, target_dir):
+    return factory.quantize(target_dir, models_dir / "eagle3-target-q4", 4)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "q4-target-q8-drafter"])
+def test_greedy_identity_every_block(precision, target_dir, arch_q4, eagle, models_dir):
+    target, drafter = target_dir, eagle
+    if precision != "fp32":
+        target, drafter = arch_q4, make_eagle3(models_dir / "eagle3-q8", target_dir, draft_vocab=200, bits=8)
+    model, tok = load(target, drafter)
+    for prompt in PROMPTS[: 2 if precision == "fp32" else 1]:
+        ref = plain(target, prompt, 24)
+        for block in BLOCKS:
+            got, last = spec(model, tok, prompt, 24, block_size=block)
+            assert got == ref, (precision, prompt, block)
+            assert last.spec.drafted > 0
+
+
+def test_speculators_layout_and_hf_layer_ids(models_dir, target_dir):
+    """vLLM numbering (HF hidden_states: one more than the layer) and `layers.0.*` names; full vocabulary."""
+    drafter = make_eagle3(models_dir / "eagle3-speculators", target_dir, layout="speculators", aux_ids=[2, 3, 4])
+    model, tok = load(target_dir, drafter)
+    assert model.drafter.tap_ids == (1, 2, 3)
+    for prompt in PROMPTS[:2]:
+        ref = plain(target_dir, prompt, 24)
+        for block in (2, 5):
+            assert spec(model, tok, prompt, 24, block_size=block)[0] == ref
+
+
+MISMATCHES = [
+    (dict(target_hidden_size=32), "reads hidden states of size 32"),
+    (dict(vocab_size=999), "vocabulary 999"),
+    (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 9]}), r"layers \[9\]"),
+    (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 2, 3]}), r"layers \[-1\]"),
+    (dict(eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2]}), "2 aux hidden-state layers"),
+    ("no-d2t", "no d2t id map"),
+    ("fc-width", "weights do not match"),
+]
+
+
+@pytest.mark.parametrize("edit, message", MISMATCHES, ids=lambda x: str(x)[:30])
+def test_mismatch_is_refused(tmp_path, target_dir, eagle, edit, message):
+    import shutil
+
+    bad = shutil.copytree(eagle, tmp_path / "bad")
+    config = json.loads((bad / "config.json").read_text())
+    weights = dict(mx.load(str(bad / "model.safetensors")))
+    if edit == "no-d2t":
+        weights.pop("d2t")
+    elif edit == "fc-width":
+        weights["fc.weight"] = weights["fc.weight"][:, :128]
+    else:
+        config.update(edit)
+    mx.save_safetensors(str(bad / "model.safetensors"), weights)
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(mlx_spec.DrafterMismatchError, match=message):
+        mlx_spec.load(str(target_dir), drafter=str(bad), mode="eagle3")
+
+
+def train(drafter, target, tokens: list[int], steps: int = 120, lr: float = 3e-3) -> None:
+    """Teacher-forced training on the target's own features: pair (g_j, x_{j+1}) predicts x_{j+2}."""
+    _, hidden = target(mx.array([tokens]), cache=None)
+    g = drafter.features(hidden)[:, :-2]
+    x, y = mx.array([tokens[1:-1]]), mx.array(tokens[2:])
+    module = drafter.model if hasattr(drafter, "model") else drafter.head
+
+    def loss_fn(_):
+        return nn.losses.cross_entropy(drafter.logits(drafter.step(g, x, None)), y).mean()
+
+    opt = optim.Adam(lr)
+    step = nn.value_and_grad(module, loss_fn)
+    for _ in range(steps):
+        loss, grads = step(None)
+        opt.update(module, grads)
+        mx.eval(module.parameters(), opt.state)
+    train.loss = loss.item()
+
+
+def first_draft_share(model, tok, prompt, n=64, block=4):
+    """The share of rounds whose first draft the target accepted (output checked against mlx-lm)."""
+    ref = plain(model.target_path, prompt, n)
+    got, last = spec(model, tok, prompt, n, block_size=block)
+    assert got == ref
+    return last.spec.accepted_per_position[0] / last.spec.drafted_per_position[0]
+
+
+def test_trained_head_is_accepted(models_dir, target_dir):
+    """Decoding must pair features and tokens as training did (catch-up pair, pending row, trims): a head
+    fitted to the target's greedy continuation (first step only) then has its first draft accepted in
+    every round; untrained, hardly ever."""
+    drafter = make_eagle3(models_dir / "eagle3-train", target_dir)
+    model, tok = load(target_dir, drafter)
+    prompt = PROMPTS[0]
+    before = first_draft_share(model, tok, prompt)
+    train(model.drafter, model.target, tok.encode(prompt) + plain(target_dir, prompt, 64))
+    after = first_draft_share(model, tok, prompt)
+    assert before < 0.1 and after > 0.95, (before, after, train.loss)
+
+
+TINY_PROMPT, TINY_N = "dadcadbadc", 4
+LAW = SamplingParams(temperature=0.9, top_k=5, logit_bias={2: -2.0})
+
+
+@pytest.fixture(scope="module")
+def tiny(models_dir):
+    """An 8-token target whose joint law is enumerable, and a flat EAGLE-3 head over 6 of its ids."""
+    tok_dir = factory.make_tiny_tokenizer(models_dir / "eagle3-tiny-tokenizer")
+    target = factory.make_target(models_dir / "eagle3-tiny", tok_dir, "llama", layers=2, seed=7, scale=1.6)
+    drafter = make_eagle3(models_dir / "eagle3-tiny-head", target, draft_vocab=6, aux_ids=[1, 0, 1], head_scale=0.3,
+                          seed=3)
+    return target, drafter
+
+
+def test_sampling_follows_target_with_several_drafts(tiny):
+    """Unseeded rejection sampling, pooled over 2..7 drafts a round; q lives on the draft vocabulary's
+    ids only (zero elsewhere)."""
+    model, tok = load(*tiny)
+    exact = exact_joint(model.model, tok.encode(TINY_PROMPT), LAW, TINY_N, eos=set(tok.eos_token_ids))
+    runs = 300
+    counts = count_runs(model, tok, LAW, runs, TINY_PROMPT, TINY_N, tuple(range(3, 9)), seeded=False)
+    assert chi2_pvalue(exact, counts, runs) > 1e-3
+    accepted = [a for _, a in count_runs.positions]
+    assert accepted[0] > 20 and accepted[1] > 5, count_runs.positions
+
+
+def test_seeded_sampling_equals_plain_seeded_decoding(tiny):
+    """Seeded requests draw position-keyed noise: the output is plain seeded decoding's, whatever the drafts."""
+    model, tok = load(*tiny)
+    for seed in range(4):
+        params = SamplingParams(**{**LAW.__dict__, "seed": seed})
+        ref = spec(model, tok, TINY_PROMPT, 12, sampling=params, speculative=False)[0]
+        for block in (3, 8):
+            got, last = spec(model, tok, TINY_PROMPT, 12, sampling=params, block_size=block)
+            assert got == ref and last.spec.drafted > 0, (seed, block)
+
+
+def test_eval_drafter_and_bench_run(target_dir, eagle, capsys):
+    common = ["--model", str(target_dir), "--drafter", str(eagle), "--mode", "eagle3"]
+    assert main(["eval-drafter", *common, "--max-tokens", "12", "--limit", "2", "--block-size", "4"]) == 0
+    assert capsys.readouterr().out.strip()  # the τ table
+    assert main(["bench", *common, "--kinds", "code", "--max-tokens", "8", "--repeats", "1", "--block-sizes", "3",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert rows and all(r["identical"] and r["mode"] == "eagle3" for r in rows)
