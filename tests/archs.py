@@ -33,6 +33,18 @@ FAMILIES = {
         linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
         full_attention_interval=2, tie_word_embeddings=True,
         rope_parameters=dict(rope_theta=10000.0, partial_rotary_factor=0.5, rope_type="default"))),
+    # Qwen3.5's MoE layout: the same Gated DeltaNet layers, sparse MLPs with a shared expert
+    "qwen3_5_moe": dict(model_type="qwen3_5_moe", text_config=dict(
+        model_type="qwen3_5_moe_text", hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, max_position_embeddings=512,
+        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+        linear_conv_kernel_dim=4, full_attention_interval=2, tie_word_embeddings=True, num_experts=4,
+        num_experts_per_tok=2, decoder_sparse_step=1, shared_expert_intermediate_size=64, moe_intermediate_size=64,
+        rope_parameters=dict(rope_theta=10000.0, partial_rotary_factor=0.5, rope_type="default"))),
+    # LFM2's MoE layout: short convolutions + attention, the first layer dense
+    "lfm2_moe": dict(model_type="lfm2_moe", norm_eps=1e-6, conv_bias=False, conv_L_cache=3, moe_intermediate_size=64,
+                     num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, use_expert_bias=True,
+                     num_dense_layers=1, full_attn_idxs=[1, 3]),
     "qwen3_next": dict(model_type="qwen3_next", linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
                        linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4, num_experts_per_tok=2,
                        decoder_sparse_step=1, shared_expert_intermediate_size=64, mlp_only_layers=[],

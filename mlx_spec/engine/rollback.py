@@ -20,8 +20,8 @@ from .rotating import SpecRotatingKVCache
 # Architectures whose recurrent layers were checked to write their state as whole new arrays and to call
 # `cache.advance(S)` (what RecurrentCache relies on), with greedy-identity tests (tests/test_hybrid.py).
 # Other architectures with recurrent state decode plainly but are refused for speculation.
-RECURRENT_TESTED = frozenset({"qwen3_5", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "granitemoehybrid",
-                              "kimi_linear"})
+RECURRENT_TESTED = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe",
+                              "granitemoehybrid", "kimi_linear"})
 
 UNBOUNDED = 1 << 60  # a plain KV cache can go back to any earlier token
 PLAIN_KV = (KVCache, QuantizedKVCache, ConcatenateKVCache)
