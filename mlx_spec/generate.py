@@ -91,6 +91,7 @@ class GenerationResponse:
     cached_tokens: int = 0
     time_to_first_token: float = 0.0
     spec: SpecStats | None = None
+    stop_string: str | None = None  # on the last response: the stop string that ended the text
 
 
 def encode_prompt(tokenizer, prompt) -> list[int]:
@@ -258,7 +259,7 @@ class Generation:
             prompt_tps=(len(self.ids) - self.cached) / max(self.prefill_time, 1e-9), generation_tokens=self.n,
             generation_tps=(self.n - 1) / elapsed if self.n > 1 else 0.0, peak_memory=mx.get_peak_memory() / 1e9,
             finish_reason=self.finish, accepted=r.accepted, drafted=r.drafted, cached_tokens=self.cached,
-            time_to_first_token=self.prefill_time, spec=self.stats,
+            time_to_first_token=self.prefill_time, spec=self.stats, stop_string=self.stops.hit,
         )
 
 

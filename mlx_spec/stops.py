@@ -7,14 +7,14 @@ class StopMatcher:
     def __init__(self, stops: list[str]):
         self.stops = [s for s in stops if s]
         self.emitted = 0  # characters of the full text already handed out
-        self.hit = False
+        self.hit: str | None = None  # the stop string that ended the text
 
     def feed(self, text: str, final: bool = False) -> tuple[str, bool]:
         """Given the whole text so far, return (new safe segment, whether a stop string was hit)."""
-        cut = min((i for i in (text.find(s, max(0, self.emitted - len(s) + 1)) for s in self.stops) if i >= 0),
-                  default=-1)
-        if cut >= 0:
-            segment, self.emitted, self.hit = text[self.emitted : cut], cut, True
+        found = [(i, s) for s in self.stops if (i := text.find(s, max(0, self.emitted - len(s) + 1))) >= 0]
+        if found:
+            cut, self.hit = min(found)
+            segment, self.emitted = text[self.emitted : cut], cut
             return segment, True
         end = len(text) if final else len(text) - self._held(text)
         segment = text[self.emitted : max(end, self.emitted)]

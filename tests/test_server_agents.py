@@ -291,3 +291,15 @@ def test_thinking_can_be_turned_off(thinker):
     assert [i.type for i in r.output] == ["reasoning"] and r.output[0].content[0].text == thought.content[0].thinking
     with pytest.raises(openai.BadRequestError):
         c.chat.completions.create(model="m", messages=HELLO, extra_body={"chat_template_kwargs": {"tools": 1}})
+
+
+def test_a_stop_sequence_is_reported_as_anthropic_does(server):
+    c = claude(server)
+    full = c.messages.create(model="m", max_tokens=12, messages=HELLO, extra_body=BIAS).content[0].text
+    stop = full[3:6]
+    assert stop and stop not in full[:3]
+    r = c.messages.create(model="m", max_tokens=12, messages=HELLO, stop_sequences=["\x00never", stop], extra_body=BIAS)
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop and r.content[0].text == full[:3]
+    with c.messages.stream(model="m", max_tokens=12, messages=HELLO, stop_sequences=[stop], extra_body=BIAS) as s:
+        final = s.get_final_message()
+    assert final.stop_reason == "stop_sequence" and final.stop_sequence == stop

@@ -223,12 +223,12 @@ class Reply:
     def whole(self, thought: str, text: str, calls: list[dict], out: Output) -> dict:
         blocks = ([{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []) + \
                  ([{"type": "text", "text": text}] if text else []) + [_tool_use(c) for c in calls]
-        return {**self._message(blocks, _stop_reason(out, calls)), "usage": usage(out),
+        return {**self._message(blocks, _stop_reason(out, calls), out.stop_string), "usage": usage(out),
                 "speculative": speculative(out)}
 
-    def _message(self, content: list, stop_reason: str | None) -> dict:
+    def _message(self, content: list, stop_reason: str | None, stop_sequence: str | None = None) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": content,
-                "stop_reason": stop_reason, "stop_sequence": None}
+                "stop_reason": stop_reason, "stop_sequence": stop_sequence}
 
     async def stream(self, handle: Handle, splitter, keepalive: float, path: str) -> AsyncIterator[str]:
         start = {**self._message([], None), "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}}
@@ -251,7 +251,7 @@ class Reply:
                 if out.finish_reason is not None:
                     for e in blocks.close():
                         yield e
-                    delta = {"stop_reason": _stop_reason(out, blocks.calls), "stop_sequence": None}
+                    delta = {"stop_reason": _stop_reason(out, blocks.calls), "stop_sequence": out.stop_string}
                     yield named_event("message_delta", {"type": "message_delta", "delta": delta, "usage": usage(out),
                                                         "speculative": speculative(out)})
                     yield named_event("message_stop", {"type": "message_stop"})
@@ -307,7 +307,9 @@ def usage(out: Output) -> dict:
 
 
 def _stop_reason(out: Output, calls: list) -> str:
-    return "tool_use" if calls else STOP_REASONS.get(out.finish_reason, "end_turn")
+    if calls:
+        return "tool_use"
+    return "stop_sequence" if out.stop_string else STOP_REASONS.get(out.finish_reason, "end_turn")
 
 
 def _tool_use(call: dict) -> dict:

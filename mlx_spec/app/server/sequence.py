@@ -32,6 +32,7 @@ class Output:
     cached_tokens: int = 0
     spec: SpecStats | None = None
     timed_out: bool = False
+    stop_string: str | None = None  # the stop string that ended the reply, if one did
 
 
 class Sequence:
@@ -49,8 +50,10 @@ class Sequence:
         self.stats = SpecStats()
         self.rounds = 0
         self.completion_tokens = self.cached_tokens = 0
+        self.tokens: list[int] = []  # the output token ids (kept for --learn)
         self.cancelled = False
         self.finish_reason: str | None = None
+        self.stop_string: str | None = None
         self.timed_out = False
 
     def cancel(self) -> None:
@@ -67,8 +70,9 @@ class Sequence:
             self.first_token, self.cached_tokens = time.monotonic(), r.cached_tokens
         self.rounds += 1
         self.completion_tokens = r.generation_tokens
+        self.tokens += r.tokens
         if r.finish_reason is not None:
-            self.finish_reason = r.finish_reason
+            self.finish_reason, self.stop_string = r.finish_reason, r.stop_string
         self.deliver(self._output(r.text, r.finish_reason))
 
     def finish(self, reason: str, error: Exception | None = None, timed_out: bool = False) -> None:
@@ -82,4 +86,4 @@ class Sequence:
         if finish is None:
             return Output(text)
         return Output(text, finish, None, len(self.job.ids), self.completion_tokens, self.cached_tokens,
-                      self.stats, self.timed_out)
+                      self.stats, self.timed_out, self.stop_string)
