@@ -10,7 +10,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
 from mlx_spec.drafters.dflash import DFlashConfig, DFlashDrafter, save_dflash
-from mlx_spec.train.tokenizer import MASK, save_tokenizer, train_tokenizer
+from mlx_spec.train.tokenizer import MASK, SPECIAL_TOKENS, save_tokenizer, train_tokenizer
 
 TEXT = (
     "def add(a, b):\n    return a + b\n\nclass Stack:\n    def push(self, x):\n        self.items.append(x)\n"
@@ -30,6 +30,22 @@ ARCHS = {
 
 def make_tokenizer(out: Path, vocab_size: int = 320) -> Path:
     save_tokenizer(train_tokenizer([TEXT], vocab_size), out, model_max_length=512)
+    return out
+
+
+def make_tiny_tokenizer(out: Path, letters: str = "abcd") -> Path:
+    """A word-level tokenizer of the special tokens plus a few letters (8 ids by default).
+
+    A target this small has next-token laws whose joint over several tokens can be enumerated, and
+    random drafters that agree with it often enough to be accepted past the first draft position.
+    """
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + list(letters))}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIAL_TOKENS[0]))
+    tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one letter, one token
+    tok.add_special_tokens([AddedToken(t, special=True) for t in SPECIAL_TOKENS])
+    save_tokenizer(tok, out, model_max_length=512)
     return out
 
 
@@ -80,7 +96,11 @@ def make_drafter(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 8, 
     for k, v in overrides.items():
         setattr(cfg, k, v)
     mx.random.seed(seed)
-    return save_dflash(DFlashDrafter(cfg), out)
+    # Overrides that live in dflash_config (e.g. output_multiplier) must reach the file to take effect.
+    nested = {k: v for k, v in overrides.items() if k in ("input_embedding_scale", "output_multiplier")}
+    extra = {"dflash_config": {"mask_token_id": mask, "target_layer_ids": list(taps), "block_size": block_size,
+                               **nested}} if nested else None
+    return save_dflash(DFlashDrafter(cfg), out, extra)
 
 
 class OracleDrafter:
@@ -135,10 +155,8 @@ class SelfDrafter:
 
     def __init__(self, model, block_size: int = 4, distort: float = 0.6, mode: str = "sampled",
                  error_rate: float = 0.0, seed: int = 0):
-        import random
-
         self.model, self.block_size, self.distort, self.mode = model, block_size, distort, mode
-        self.error_rate, self.rng = error_rate, random.Random(seed)
+        self.error_rate, self.seed = error_rate, seed
 
     class State(OracleDrafter.State):
         def __init__(self):
@@ -157,6 +175,8 @@ class SelfDrafter:
         state.tokens += list(tokens)
 
     def propose(self, state, anchor, k, sampling):
+        import random
+
         from mlx_spec.drafters.base import Draft
 
         seq, toks, qs = state.tokens + [anchor], [], []
@@ -164,7 +184,10 @@ class SelfDrafter:
             logits = self.model(mx.array([seq]))[0, -1:].astype(mx.float32) * self.distort
             q = sampling.probs(logits)
             t = q.argmax(-1) if self.mode.startswith("argmax") else sampling.draw(q)
-            toks.append(t.item() if self.rng.random() >= self.error_rate else self.rng.randrange(q.shape[-1]))
+            # Corruption is a function of (seed, position) alone, so a request drafts the same tokens
+            # alone or in a batch, whatever the other requests did.
+            rng = random.Random(self.seed * 1_000_003 + len(seq))
+            toks.append(t.item() if rng.random() >= self.error_rate else rng.randrange(q.shape[-1]))
             qs.append(q)
             seq.append(toks[-1])
         q = None if self.mode == "argmax-onehot" else mx.concatenate(qs, axis=0)
@@ -172,8 +195,13 @@ class SelfDrafter:
 
 
 def make_dspark(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 5, confidence: bool = True,
-                threshold: float = 0.0, seed: int = 2, **overrides) -> Path:
-    """A random DSpark drafter in the DeepSpec layout: target config copy + DSpark keys, own embed/head copies."""
+                threshold: float = 0.0, seed: int = 2, head_scale: float = 1.0, markov_scale: float = 1.0,
+                **overrides) -> Path:
+    """A random DSpark drafter in the DeepSpec layout: target config copy + DSpark keys, own embed/head copies.
+
+    head_scale < 1 shrinks its head copy: flatter proposals, which a random drafter needs to agree
+    with the target now and then. markov_scale > 1 makes each slot's proposal depend more on the
+    token drawn before it (the Markov head's term)."""
     from mlx_spec.drafters.dspark import DSparkDrafter
 
     tcfg = json.loads((target_dir / "config.json").read_text())
@@ -187,7 +215,8 @@ def make_dspark(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 5, c
     model = DSparkDrafter(cfg, rank=16, confidence=confidence, with_markov=True, threshold=threshold)
     target = mx.load(str(target_dir / "model.safetensors"))
     model.embed_tokens.weight = target["model.embed_tokens.weight"]
-    model.lm_head.weight = target.get("lm_head.weight", target["model.embed_tokens.weight"])
+    model.lm_head.weight = target.get("lm_head.weight", target["model.embed_tokens.weight"]) * head_scale
+    model.markov_head.markov_w2.weight = model.markov_head.markov_w2.weight * markov_scale
     config = {**tcfg, "architectures": ["Qwen3DSparkModel"], "num_hidden_layers": 1, "head_dim": 16,
               "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
               "num_target_layers": tcfg["num_hidden_layers"], "block_size": block_size, "mask_token_id": mask,

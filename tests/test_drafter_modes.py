@@ -8,12 +8,8 @@ import mlx_spec
 from mlx_spec.drafters.draft_model import DraftModelDrafter
 from mlx_spec.drafters.lookup import LookupDrafter, LookupState
 from test_lossless_greedy import PROMPTS, plain, spec
-from test_lossless_sampling import CONFIGS, N_TOKENS, PROMPT, chi2_pvalue, count_runs, exact_joint
 
-
-def follows_target(model, tok, params, runs=1000) -> bool:
-    exact = exact_joint(model.model, tok.encode(PROMPT), params, N_TOKENS)
-    return chi2_pvalue(exact, count_runs(model, tok, params, runs), runs) > 1e-3
+# Sampling under every mode (k = 2..7 drafts, penalties, logit_bias): test_lossless_sampling.py.
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +33,7 @@ def test_auto_mode_picks_by_content(target_dir, drafter_dir, other_lm):
 def test_greedy_identity(target_dir, other_lm, mode):
     drafter = {"lookup": None, "draft-model": str(other_lm), "draft-model-self": str(target_dir)}[mode]
     model, tok = mlx_spec.load(str(target_dir), drafter=drafter, mode="lookup" if mode == "lookup" else "draft-model")
+    assert isinstance(model.drafter, LookupDrafter if mode == "lookup" else DraftModelDrafter)  # not plain decoding
     for prompt in PROMPTS:
         ref = plain(target_dir, prompt, 40)
         for block in (2, 5):
@@ -53,16 +50,6 @@ def test_lookup_finds_repeats():
     assert s.continuation(s.tokens + [7], 3) == []
     s.trim(3)
     assert s.tokens == [1, 2, 3, 4, 9] and s.continuation([4], 2) == [9] and s.continuation([9], 2) == []
-
-
-@pytest.mark.parametrize("mode", ["lookup", "draft-model"])
-def test_sampling_follows_target(models_dir, tokenizer_dir, other_lm, mode):
-    flat = models_dir / "flat"
-    if not flat.exists():
-        factory.make_target(flat, tokenizer_dir, "qwen3", layers=2, seed=7, scale=1.6)
-    model, tok = mlx_spec.load(str(flat), drafter=str(other_lm) if mode == "draft-model" else None,
-                               mode=mode)
-    assert follows_target(model, tok, CONFIGS[0])
 
 
 @pytest.fixture(scope="module")
@@ -85,15 +72,6 @@ def test_dspark_loads_and_is_lossless(target_dir, dspark_dir, models_dir):
     model, tok = mlx_spec.load(str(target_dir), drafter=str(cut))
     got, last = spec(model, tok, PROMPTS[0], 30, block_size=6)
     assert got == plain(target_dir, PROMPTS[0], 30) and any(d < min(5, wanted - 1) for d, wanted in spec.budgets)
-
-
-def test_dspark_sampling_follows_target(models_dir, tokenizer_dir):
-    flat = models_dir / "flat"
-    if not flat.exists():
-        factory.make_target(flat, tokenizer_dir, "qwen3", layers=2, seed=7, scale=1.6)
-    d = factory.make_dspark(models_dir / "dspark-flat", flat, taps=(0, 1), block_size=3)
-    model, tok = mlx_spec.load(str(flat), drafter=str(d))
-    assert follows_target(model, tok, CONFIGS[1])
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -9,9 +9,12 @@ import mlx_spec
 PROMPTS = ["def add(a, b):", "Hello, how are you", "for i in range(10):\n    print("]
 
 
-def plain(model_dir, prompt, n):
-    """mlx-lm's plain greedy tokens (its final response repeats the EOS token; drop it)."""
+def plain(model_dir, prompt, n, eos=None):
+    """mlx-lm's plain greedy tokens (its final response repeats the EOS token; drop it). eos: a token id
+    to stop at as well."""
     model, tok = mlx_lm.load(str(model_dir))
+    if eos is not None:
+        tok.add_eos_token(tok.convert_ids_to_tokens(eos))
     responses = list(mlx_lm.stream_generate(model, tok, prompt, max_tokens=n))
     tokens = [r.token for r in responses]
     return tokens[:-1] if responses[-1].finish_reason == "stop" else tokens
@@ -107,6 +110,28 @@ def test_max_tokens_eos_and_stop(target_dir):
     pieces = list(mlx_spec.stream_generate(fresh, tok2, prompt, max_tokens=40, stop=[stop, "never-there"], block_size=6))
     text = "".join(p.text for p in pieces)
     assert pieces[-1].finish_reason == "stop" and text == full[: full.find(stop)]
+
+
+@pytest.mark.parametrize("block", [4, 8])
+def test_eos_inside_an_accepted_run_with_drafts_after_it(target_dir, block):
+    """EOS lands inside a round whose later drafts are accepted too: the output stops exactly at the
+    EOS, equals plain greedy stopping there, and its counts agree with the tokens returned."""
+    model, tok = mlx_spec.load(str(target_dir), drafter=None)
+    prompt = PROMPTS[0]
+    ids = tok.encode(prompt)
+    ref = plain(target_dir, prompt, 48)
+    # The first token comes from the prefill; round j then commits ref[(j-1)*block + 1 : j*block + 1], its
+    # drafts and then its bonus. Pick a position of the second round or later with a draft before it and
+    # at least one after it in that round, holding a token not seen before (it becomes an EOS token).
+    eos_at = next(i for i in range(block + 1, len(ref)) if 1 <= (i - 1) % block <= block - 3 and ref[i] not in ref[:i])
+    model.drafter = factory.OracleDrafter(ids + ref, block, 0.0)  # every draft is the target's own token
+    tok.add_eos_token(tok.convert_ids_to_tokens(ref[eos_at]))
+    got, last = spec(model, tok, prompt, 48, block_size=block)
+    assert got == ref[:eos_at] == plain(target_dir, prompt, 48, eos=ref[eos_at])
+    assert last.finish_reason == "stop" and last.generation_tokens == eos_at and last.token == ref[eos_at - 1]
+    # The round that met the EOS accepted every draft, some before the EOS (they came out) and some after
+    # it (they did not).
+    assert last.drafted == last.accepted == block - 1 and 0 < len(last.tokens) < last.accepted - 1
 
 
 def test_penalties_under_speculation(target_dir):
