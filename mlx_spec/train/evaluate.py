@@ -6,11 +6,10 @@ from ..generate import SpecStats, stream_generate
 
 
 def merge(a: SpecStats, b: SpecStats) -> SpecStats:
-    out = SpecStats(a.rounds + b.rounds, a.drafted + b.drafted, a.accepted + b.accepted)
-    n = max(len(a.drafted_per_position), len(b.drafted_per_position))
-    pad = lambda xs: xs + [0] * (n - len(xs))  # noqa: E731
-    out.drafted_per_position = [x + y for x, y in zip(pad(a.drafted_per_position), pad(b.drafted_per_position))]
-    out.accepted_per_position = [x + y for x, y in zip(pad(a.accepted_per_position), pad(b.accepted_per_position))]
+    """A new SpecStats with both runs' counters (drafting rounds included: τ is per drafting round)."""
+    out = SpecStats()
+    out.merge(a)
+    out.merge(b)
     return out
 
 

@@ -6,6 +6,7 @@ import os
 import sys
 from pathlib import Path
 
+from mlx_spec.history import add_learn_arguments, recorder_from
 from mlx_spec.options import add_model_arguments, add_sampling_arguments, load_from, sampling_from
 from mlx_spec.errors import MlxSpecError
 
@@ -32,6 +33,7 @@ def add_arguments(p) -> None:
                    help="input history file (default: $XDG_STATE_HOME/mlx-spec/chat_history, "
                         "else ~/.local/state/mlx-spec/chat_history)")
     p.add_argument("--no-history", action="store_true", help="keep no input history on disk")
+    add_learn_arguments(p)
     p.add_argument("--baseline-tokens", type=int, default=32,
                    help="plain-decoding tokens measured at start-up for the speedup estimate (0: skip)")
 
@@ -65,7 +67,7 @@ def _start(args, settings, conversation, out, worker) -> int:
         reader = TerminalInput(None if args.no_history else args.history or default_history())
     else:
         reader = LineInput()
-    chat = Chat(session, worker, reader, out, settings, conversation)
+    chat = Chat(session, worker, reader, out, settings, conversation, recorder=recorder_from(args, model.target_path))
     _banner(chat)
     if reader.warning:
         out.hint(reader.warning)
@@ -83,6 +85,8 @@ def _banner(chat) -> None:
     out.note(f"mlx-spec chat · {pair}{base}")
     if chat.conversation.turns:
         out.note(f"resumed a conversation of {len(chat.conversation.turns)} messages")
+    if chat.recorder is not None:
+        out.note(f"--learn: recording prompt and reply token ids to {chat.recorder.folder} (mlx-spec history)")
     if chat.settings.verbose:
         out.say(legend())
     out.note("/? for help · Ctrl-C stops a reply · Ctrl-D leaves")

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from mlx_spec.errors import ContextOverflowError, MlxSpecError
 from mlx_spec import SpecStats
+from mlx_spec.generate import encode_prompt
 
 from .commands import CommandError, is_command, parse
 from .conversation import Conversation
@@ -36,6 +37,7 @@ class Chat:
     conversation: Conversation = field(default_factory=Conversation)
     last: Turn | None = None  # the latest reply's numbers, for /stats
     total: SpecStats = field(default_factory=SpecStats)
+    recorder: object | None = None  # a `mlx_spec.history.History` under --learn: each reply's token ids go there
 
     def run(self) -> int:
         while True:
@@ -83,6 +85,7 @@ class Chat:
         """
         settings, messages = self.settings, self.conversation.messages()
         turn = Turn(speculative=self.session.speculative)
+        committed: list[int] = []  # the reply's token ids, for --learn
         writer = ReplyWriter(self.out, self.session.tokenizer, settings.markdown, settings.verbose)
         try:
             with self.reader.busy(), self.worker.stream(lambda: self.session.reply(messages, settings)) as stream:
@@ -92,6 +95,7 @@ class Chat:
                         continue
                     writer.feed(r)
                     turn.add(r)
+                    committed += r.tokens
         except KeyboardInterrupt:
             writer.finish()
             raise Quit(130) from None
@@ -102,12 +106,17 @@ class Chat:
         except Exception as e:  # a bug below us: say it in one line, keep the session usable
             self.worker.call(self.session.forget_caches)
             return self._failed(writer, f"generation failed: {type(e).__name__}: {e}", error=True)
-        return self._finish(turn, writer.finish(), stopped=stream.stopped and turn.finish is None)
+        return self._finish(turn, writer.finish(), stopped=stream.stopped and turn.finish is None,
+                            record=(messages, committed))
 
-    def _finish(self, turn: Turn, text: str, stopped: bool) -> bool:
+    def _finish(self, turn: Turn, text: str, stopped: bool, record=None) -> bool:
         if stopped and not text:
             self.out.hint("stopped before the reply began")
             return False
+        if self.recorder is not None and record is not None:
+            messages, committed = record
+            self.recorder.record_generation(encode_prompt(self.session.tokenizer, messages), committed,
+                                            turn.spec if turn.speculative else None)
         self.conversation.add("assistant", text)
         if not turn.speculative and not stopped:
             self.session.note_plain_run(turn.tokens, turn.tps)

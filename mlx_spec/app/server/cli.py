@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 
 from mlx_spec import MlxSpecError
+from mlx_spec.history import add_learn_arguments
 from mlx_spec.options import add_model_arguments, add_sampling_arguments, sampling_from
 
-from .config import Defaults, ModelConfig, ServerConfig
+from .config import Defaults, LearnConfig, ModelConfig, ServerConfig
 
 
 def add_arguments(p) -> None:
@@ -32,6 +33,9 @@ def add_arguments(p) -> None:
     p.add_argument("--max-connections", type=int, default=256, help="open sockets; past it the oldest idle is closed")
     p.add_argument("--header-timeout", type=float, default=10.0, help="seconds for a request's headers to arrive")
     p.add_argument("--body-timeout", type=float, default=60.0, help="seconds for a request's body to arrive")
+    add_learn_arguments(p)
+    p.add_argument("--adapt-when-idle", type=float, default=0.0, metavar="SECONDS",
+                   help="adapt the drafter to the recorded history when no request came for this long (0: never)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -46,7 +50,8 @@ def config_from(args) -> ServerConfig:
         max_queue=args.max_queue, request_timeout=args.request_timeout, prefix_cache_size=args.prefix_cache_size,
         max_body_bytes=int(args.max_body_mb * (1 << 20)), shutdown_timeout=args.shutdown_timeout,
         max_connections=args.max_connections, header_timeout=args.header_timeout, body_timeout=args.body_timeout,
-        log_level=args.log_level)
+        log_level=args.log_level, learn=LearnConfig(record=args.learn, cap_bytes=int(args.learn_cap * (1 << 20)),
+                                                    adapt_when_idle=args.adapt_when_idle))
 
 
 def api_keys(given: list[str] | None) -> tuple[str, ...]:

@@ -30,6 +30,16 @@ class Defaults:
 
 
 @dataclass(frozen=True)
+class LearnConfig:
+    """--learn and --adapt-when-idle (see `mlx_spec.history` and `idle.py`)."""
+
+    record: bool = False  # keep each request's prompt and output token ids in the local history
+    cap_bytes: int = 256 << 20
+    adapt_when_idle: float = 0.0  # seconds without a request before adapting in the background; 0: never
+    min_new_records: int = 100  # recorded requests since the last adaptation that start another
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     model: ModelConfig = ModelConfig()
     defaults: Defaults = Defaults()
@@ -55,6 +65,7 @@ class ServerConfig:
     max_tools: int = 256
     shutdown_timeout: float = 10.0  # seconds in-flight requests get to finish on shutdown
     log_level: str = "info"
+    learn: LearnConfig = LearnConfig()
 
     def __post_init__(self):
         checks = [

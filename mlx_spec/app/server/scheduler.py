@@ -15,6 +15,7 @@ from collections import deque
 from mlx_spec import MlxSpecError
 
 from .backend import Backend
+from .config import LearnConfig
 from .errors import APIError
 from .metrics import Metrics
 from .sequence import Sequence
@@ -23,8 +24,11 @@ log = logging.getLogger("mlx_spec.server")
 
 
 class Scheduler:
-    def __init__(self, backend: Backend, metrics: Metrics, max_active: int, max_queue: int, retry_after: int):
-        self.backend, self.metrics = backend, metrics
+    def __init__(self, backend: Backend, metrics: Metrics, max_active: int, max_queue: int, retry_after: int,
+                 learn: LearnConfig = LearnConfig()):
+        self.backend, self.metrics, self.learn = backend, metrics, learn
+        self.recorder = self.idle = None  # --learn's history store, --adapt-when-idle's job (set once loaded)
+        self.last_active = time.monotonic()
         self.max_active, self.max_queue, self.retry_after = max_active, max_queue, retry_after
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
@@ -47,6 +51,7 @@ class Scheduler:
                                f"{len(self.waiting)} waiting", code="queue_full",
                                headers={"Retry-After": str(self.retry_after)})
             self.waiting.append(seq)
+            self.last_active = time.monotonic()
             self._lock.notify()
 
     def start(self) -> None:
@@ -75,6 +80,7 @@ class Scheduler:
         try:
             self.backend.load()
             self.metrics.model = self.backend.info.id
+            self._start_learning()
             return True
         except Exception as e:  # reported by /health and the CLI
             self.load_error = e
@@ -83,8 +89,24 @@ class Scheduler:
         finally:
             self.ready.set()
 
+    def _start_learning(self) -> None:
+        from mlx_spec.history import History, target_key
+
+        if not (self.learn.record or self.learn.adapt_when_idle):
+            return
+        key = target_key(self.backend.cfg.target, self.backend.model.target_path)
+        history = History.for_target(key, self.learn.cap_bytes)
+        self.recorder = history if self.learn.record else None
+        if self.learn.adapt_when_idle and self.backend.model.drafter_path is not None:
+            from .idle import IdleAdapter
+
+            self.idle = IdleAdapter(self.backend, history, key, self.learn.adapt_when_idle, self.learn.min_new_records)
+
     def _serve(self) -> None:
         while self._wait_for_work():
+            if not (self.waiting or self.running):  # idle: one unit of background adaptation
+                self.idle.unit()
+                continue
             try:
                 self.step()
             except Exception as e:  # a bug must not wedge the server: fail the active requests, keep serving
@@ -97,9 +119,16 @@ class Scheduler:
         self._abandon(left, APIError(503, "the server shut down", code="shutting_down"))
 
     def _wait_for_work(self) -> bool:
+        """Until there is a request, the server stops, or idle work is due (then with nothing to serve)."""
         with self._lock:
             while not (self.waiting or self.running or self._stopping):
-                self._lock.wait()
+                if self.idle is None:
+                    self._lock.wait()
+                    continue
+                due = self.idle.due_in(time.monotonic() - self.last_active)
+                if due <= 0:
+                    break
+                self._lock.wait(due)
             return not self._stopping
 
     def step(self) -> None:
@@ -163,9 +192,20 @@ class Scheduler:
             return
         with self._lock:
             self.running = [s for s in self.running if not s.finished]
+        self.last_active = time.monotonic()
         for seq in done:
+            self._record(seq)
             self.backend.stop(seq, reusable=seq.finish_reason != "error")
             self.metrics.record(seq)
+
+    def _record(self, seq: Sequence) -> None:
+        """--learn: what the target committed for this request (a failed one is not kept)."""
+        if self.recorder is None or seq.finish_reason == "error" or not seq.tokens:
+            return
+        try:
+            self.recorder.record_generation(seq.job.ids, seq.tokens, seq.stats if self.backend.info.speculative else None)
+        except OSError as e:  # a full disk must not fail the request
+            log.warning("cannot record to the history: %s", e)
 
     def _expired(self, seq: Sequence) -> bool:
         """A request still waiting at its deadline gets 503: nothing was generated, so a retry is cheap."""

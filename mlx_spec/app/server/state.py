@@ -23,7 +23,7 @@ class ServerState:
     @classmethod
     def build(cls, config: ServerConfig) -> "ServerState":
         backend, metrics = Backend(config.model, config.prefix_cache_size), Metrics()
-        scheduler = Scheduler(backend, metrics, config.max_active, config.max_queue, config.retry_after)
+        scheduler = Scheduler(backend, metrics, config.max_active, config.max_queue, config.retry_after, config.learn)
         return cls(config, backend, scheduler, metrics)
 
     @property
