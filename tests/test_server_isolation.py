@@ -26,8 +26,11 @@ def test_a_second_key_learns_nothing_through_cached_tokens(keyed):
     alice, bob = keyed.client(api_key=ALICE), keyed.client(api_key=BOB)
     ask(alice)  # Alice's conversation is now idle in the pool
     assert ask(alice) > 20  # she reuses it herself
-    # Bob guesses Alice's system prompt right: no token of it comes from her cache.
+    # Bob guesses Alice's system prompt right: no token of it comes from her cache, so neither the
+    # reported count nor the time (his whole prompt is prefilled, as for a wrong guess) tells him.
+    cached_before = keyed.metric("mlx_spec:prompt_tokens_cached_total")
     assert ask(bob) == 0
+    assert keyed.metric("mlx_spec:prompt_tokens_cached_total") == cached_before
     assert ask(alice) > 20  # Bob's requests did not evict or spoil Alice's cache
 
 
