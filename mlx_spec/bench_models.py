@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 import time
 from pathlib import Path
 
@@ -155,18 +156,14 @@ def recording_cost(model, width: int, repeats: int = 5) -> float | None:
     return max(0.0, best(recorded) - best(fused)) * len(layers)
 
 
-def _decode(model, tok, prompt, tokens: int, block: int | None, repeats: int):
-    """Best-of-`repeats` decode tokens/s (prefill excluded), the output and the run's stats."""
+def _decode(model, tok, prompt, tokens: int, block: int | None):
+    """Decode tokens/s (prefill excluded), the output and the run's stats."""
     from .generate import stream_generate
 
-    best = None
-    for _ in range(repeats):
-        out = []
-        for r in stream_generate(model, tok, prompt, max_tokens=tokens, block_size=block):
-            out += r.tokens
-        if best is None or r.generation_tps > best[0]:
-            best = (r.generation_tps, out, r.spec)
-    return best
+    out = []
+    for r in stream_generate(model, tok, prompt, max_tokens=tokens, block_size=block):
+        out += r.tokens
+    return r.generation_tps, out, r.spec
 
 
 def rollback_bench(workdir: Path, block: int = 8, tokens: int = 64, repeats: int = 3,
@@ -180,20 +177,28 @@ def rollback_bench(workdir: Path, block: int = 8, tokens: int = 64, repeats: int
     rows = []
     for name, config in (("qwen3.5-shaped", QWEN35), ("dense qwen3", DENSE)):
         model, tok = load(str(build(Path(workdir) / name.split()[-1], config)), drafter=None)
-        _decode(model, tok, prompt, 8, None, 1)  # warm-up
-        plain_tps, truth, _ = _decode(model, tok, prompt, tokens + block, None, repeats)
+        _decode(model, tok, prompt, 8, None)  # warm-up
+        _, truth, _ = _decode(model, tok, prompt, tokens + block, None)
         ids = tok.encode(prompt)
         record = recording_cost(model, block)
         for rate in rates:
-            model.drafter = FixedAcceptance(ids + truth, rate, block, vocab=model.config["vocab_size"])
-            tps, out, spec = _decode(model, tok, prompt, tokens, block, repeats)
+            drafter = FixedAcceptance(ids + truth, rate, block, vocab=model.config["vocab_size"])
+            pairs = []  # plain and speculative runs take turns, so that load on the machine hits both alike
+            for _ in range(repeats):
+                model.drafter = None
+                plain = _decode(model, tok, prompt, tokens, None)[0]
+                model.drafter = drafter
+                pairs.append((plain, *_decode(model, tok, prompt, tokens, block)))
+            _, _, out, spec = pairs[-1]
             PromptCache.replay_seconds = 0.0  # one more run, timing its replay passes
-            _decode(model, tok, prompt, tokens, block, 1)
+            _decode(model, tok, prompt, tokens, block)
             replay_ms = PromptCache.replay_seconds * 1e3 / max(1, spec.rounds)
             PromptCache.replay_seconds = None
-            rows.append(dict(model=name, acceptance=rate, plain_tps=plain_tps, spec_tps=tps, speedup=tps / plain_tps,
-                             tau=spec.tau, rounds=spec.rounds, identical=out == truth[: len(out)],
+            model.drafter = None
+            rows.append(dict(model=name, acceptance=rate, plain_tps=statistics.median(p[0] for p in pairs),
+                             spec_tps=statistics.median(p[1] for p in pairs),
+                             speedup=statistics.median(p[1] / p[0] for p in pairs), tau=spec.tau, rounds=spec.rounds,
+                             identical=all(p[2] == truth[: len(p[2])] for p in pairs),
                              rollback_ms_per_round=replay_ms,
                              recording_ms_per_round=None if record is None else record * 1e3))
-            model.drafter = None
     return rows

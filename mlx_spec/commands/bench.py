@@ -169,7 +169,7 @@ def run_rollback(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        t = Table(title=f"rollback: block {block}, {args.max_tokens} tokens, best of {args.repeats}")
+        t = Table(title=f"rollback: block {block}, {args.max_tokens} tokens, medians of {args.repeats} plain/spec pairs")
         for col in ("model", "acceptance", "plain tok/s", "spec tok/s", "speedup", "τ", "rollback ms/round",
                     "recording would add ms/round", "identical"):
             t.add_column(col)
