@@ -1,0 +1,159 @@
+"""Native MTP heads read from the target's own checkpoint (Qwen3.5 hybrid `mtp.*`, GLM-4.5 layers past
+N), in Hugging Face's layout: auto picks them, greedy identity with mlx-lm at every block size, a quantized
+converted target, exact sampling with several drafts a round, refusals, a trained head is accepted, and
+eval-drafter / bench run with --mode mtp."""
+
+import json
+from types import SimpleNamespace
+
+import mlx.core as mx
+import pytest
+
+import factory
+import mlx_spec
+import mtp_checkpoints as ckpt
+from mlx_spec.cli import main
+from mlx_spec.drafters import checkpoint_kind
+from mlx_spec.drafters.mtp import MTPDrafter, has_mtp, mtp_tensor_names
+from mlx_spec.engine.sampling import SamplingParams
+from test_eagle3 import first_draft_share, train
+from test_lossless_greedy import PROMPTS, plain, spec
+from test_lossless_sampling import chi2_pvalue, count_runs, exact_joint
+
+
+@pytest.fixture(scope="module")
+def qwen35(models_dir, tokenizer_dir):
+    return ckpt.qwen35(models_dir / "mtp-qwen35", tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def glm(models_dir, tokenizer_dir):
+    return ckpt.glm(models_dir / "mtp-glm", tokenizer_dir)
+
+
+def load(target, **kw):
+    model, tok = mlx_spec.load(str(target), block_size=8, **kw)
+    assert isinstance(model.drafter, MTPDrafter)
+    return model, tok
+
+
+def test_auto_finds_the_head_in_the_target(qwen35, glm, models_dir):
+    for target in (qwen35, glm):
+        model, _ = load(target)  # auto, no drafter known: the target's own head
+        assert model.drafter_path == target and model.drafter.tap_ids == (model.target.num_layers - 1,)
+        load(target, mode="mtp")
+    assert mtp_tensor_names(qwen35) and {n for n in mtp_tensor_names(glm)} == \
+        {n for n in mtp_tensor_names(glm) if n.startswith("model.layers.3.")}
+    plain_target = models_dir / "mtp-qwen35-mlx"  # what mlx-lm's converter leaves: no head
+    assert not has_mtp(plain_target)
+    assert type(mlx_spec.load(str(plain_target))[0].drafter).__name__ == "LookupDrafter"
+    with pytest.raises(mlx_spec.DrafterMismatchError, match="declares no MTP head"):
+        mlx_spec.load(str(plain_target), mode="mtp")
+
+
+@pytest.mark.parametrize("family", ["qwen35", "glm", "qwen35-q8-converted"])
+def test_greedy_identity_every_block(family, qwen35, glm, models_dir):
+    target = {"qwen35": qwen35, "glm": glm}.get(family)
+    if target is None:
+        target = ckpt.converted(qwen35, models_dir / "mtp-qwen35-q8", 8)
+    model, tok = load(target)
+    blocks = range(2, 9) if family == "qwen35" else (2, 4, 8)
+    for prompt in PROMPTS[:1]:
+        ref = plain(target, prompt, 24)
+        for block in blocks:
+            got, last = spec(model, tok, prompt, 24, block_size=block)
+            assert got == ref, (family, prompt, block)
+            assert last.spec.drafted > 0
+
+
+def test_split_head_folder(qwen35, models_dir):
+    """The head alone in a folder (as mlx-vlm's split writes it) is an MTP drafter by content."""
+    head = ckpt.split(qwen35, models_dir / "mtp-qwen35-head")
+    assert checkpoint_kind(head) == "mtp"
+    model, tok = mlx_spec.load(str(qwen35), drafter=str(head), block_size=8)
+    assert isinstance(model.drafter, MTPDrafter)
+    assert spec(model, tok, PROMPTS[0], 16, block_size=4)[0] == plain(qwen35, PROMPTS[0], 16)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (dict(hidden_size=32), "hidden_size 32 != target's 64"),
+    (dict(num_hidden_layers=6), "MTP head of a 6-layer model"),
+    (dict(mtp_num_hidden_layers=2), "only 1 is supported"),
+    ("fc-width", "MTP weights do not match"),
+])
+def test_mismatch_is_refused(tmp_path, qwen35, edit, message):
+    if edit == "fc-width":
+        head = ckpt.split(qwen35, tmp_path / "head")
+        weights = dict(mx.load(str(head / "model.safetensors")))
+        weights["mtp.fc.weight"] = weights["mtp.fc.weight"][:, :96]
+        mx.save_safetensors(str(head / "model.safetensors"), weights)
+    else:
+        head = ckpt.split(qwen35, tmp_path / "head", **edit)
+    with pytest.raises(mlx_spec.DrafterMismatchError, match=message):
+        mlx_spec.load(str(qwen35), drafter=str(head), mode="mtp")
+
+
+def test_trained_head_is_accepted(qwen35, models_dir):
+    """Fitted (first step only) to the hybrid target's greedy continuation, the head's first draft is accepted
+    in every round: decoding pairs h_t (last layer, after the final norm) with x_{t+1} as training did."""
+    model, tok = load(qwen35)
+    prompt = PROMPTS[0]
+    before = first_draft_share(model, tok, prompt)
+    train(model.drafter, model.target, tok.encode(prompt) + plain(qwen35, prompt, 64))
+    after = first_draft_share(model, tok, prompt)
+    assert before < 0.1 and after > 0.95, (before, after, train.loss)
+
+
+TINY_PROMPT, TINY_N = "dadcadbadc", 4
+LAW = SamplingParams(temperature=0.9, top_k=5, logit_bias={2: -2.0})
+
+
+@pytest.fixture(scope="module")
+def tiny(models_dir):
+    """A hybrid Qwen3.5 over 8 token ids (joint law enumerable) with a flat random MTP head."""
+    tok_dir = factory.make_tiny_tokenizer(models_dir / "mtp-tiny-tokenizer")
+    return ckpt.qwen35(models_dir / "mtp-tiny", tok_dir, seed=7, scale=1.6)
+
+
+class WithVocab:
+    """The model as exact_joint reads it: qwen3_5 keeps vocab_size in its text config, not in args."""
+
+    def __init__(self, model, vocab_size):
+        self.model, self.args = model, SimpleNamespace(vocab_size=vocab_size)
+
+    def __call__(self, tokens):
+        return self.model(tokens)
+
+
+def test_sampling_follows_target_with_several_drafts(tiny):
+    """Unseeded rejection sampling on a hybrid target, pooled over 2..7 drafts a round."""
+    model, tok = load(tiny)
+    exact = exact_joint(WithVocab(model.model, model.vocab_size), tok.encode(TINY_PROMPT), LAW, TINY_N,
+                        eos=set(tok.eos_token_ids))
+    runs = 300
+    counts = count_runs(model, tok, LAW, runs, TINY_PROMPT, TINY_N, tuple(range(3, 9)), seeded=False)
+    assert chi2_pvalue(exact, counts, runs) > 1e-3
+    accepted = [a for _, a in count_runs.positions]
+    assert accepted[0] > 20 and accepted[1] > 5, count_runs.positions
+
+
+def test_seeded_sampling_equals_plain_seeded_decoding(tiny):
+    model, tok = load(tiny)
+    for seed in range(3):
+        params = SamplingParams(**{**LAW.__dict__, "seed": seed})
+        ref = spec(model, tok, TINY_PROMPT, 12, sampling=params, speculative=False)[0]
+        for block in (3, 8):
+            got, last = spec(model, tok, TINY_PROMPT, 12, sampling=params, block_size=block)
+            assert got == ref and last.spec.drafted > 0, (seed, block)
+
+
+def test_eval_drafter_and_bench_run(glm, capsys):
+    common = ["--model", str(glm), "--mode", "mtp"]  # no --drafter: the target's own head
+    assert main(["eval-drafter", *common, "--max-tokens", "12", "--limit", "2", "--block-size", "3"]) == 0
+    assert capsys.readouterr().out.strip()
+    assert main(["bench", *common, "--kinds", "code", "--max-tokens", "8", "--repeats", "1", "--block-sizes", "3",
+                 "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert rows and all(r["identical"] and r["mode"] == "mtp" for r in rows)
+
+
