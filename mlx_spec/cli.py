@@ -15,6 +15,8 @@ COMMANDS = {
     "eval-drafter": ("mlx_spec.commands.eval_drafter", "measure a drafter's acceptance length with the real loop"),
     "doctor": ("mlx_spec.commands.doctor", "show the device, BLAS, versions and the measured cost curve"),
     "bench": ("mlx_spec.commands.bench", "plain vs speculative decoding, side by side, per kind of prompt"),
+    "history": ("mlx_spec.commands.history", "what --learn recorded for a target (size, per-day counts, τ), or --clear"),
+    "adapt": ("mlx_spec.commands.adapt", "fine-tune the drafter on your recorded traffic; --rollback undoes it"),
     "convert": ("mlx_spec.commands.convert", "Hugging Face checkpoint to an MLX folder, keeping its drafter (MTP) weights"),
 }
 

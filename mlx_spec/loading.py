@@ -46,7 +46,13 @@ class Loaded:
 
 
 def find_drafter(target_ref: str, target_path: Path) -> Path | None:
-    """The drafter for a target: the embedded pair, else the registry (quantization-insensitive)."""
+    """The drafter for a target: the embedded pair, else the registry (quantization-insensitive).
+    A version `mlx-spec adapt` installed for this target comes first."""
+    from .adapters import in_use
+
+    adapted = in_use(target_ref, target_path)
+    if adapted is not None:
+        return adapted
     if target_path.resolve() in (registry_pkg.DEFAULT_TARGET.resolve(), registry_pkg.DEFAULT_TARGET_8BIT.resolve()):
         return registry_pkg.DEFAULT_DRAFTER if (registry_pkg.DEFAULT_DRAFTER / "config.json").exists() else None
     for pair in user_pairs():  # pairs `mlx-spec convert` wrote: this very folder, any drafter kind

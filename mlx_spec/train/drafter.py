@@ -102,64 +102,98 @@ def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, ga
     return (ce * weight).sum(), weight.sum(), correct.sum(0), (labels >= 0).sum(0)
 
 
+class DrafterTrainer:
+    """The training loop, one step at a time, so that a caller can interleave it with other work
+    (the server's worker between requests) or stop on a time budget.
+
+    Data: sequences {"tokens": ids, "prompt_len": n} — train-drafter's data.jsonl records and
+    the local history store (`mlx_spec.history.Record.sequence`) both produce them; only the
+    answer part (after prompt_len) is drafted. `init`: a drafter to start from (fine-tuning);
+    else a new one from cfg.
+    """
+
+    def __init__(self, target, config: dict, tokenizer, records: list[dict], cfg: DrafterTrainConfig,
+                 init: DFlashDrafter | None = None):
+        cfg.out.mkdir(parents=True, exist_ok=True)
+        self.cfg, self.target = cfg, target
+        if init is None:
+            mx.random.seed(cfg.seed)  # only a new drafter's initialization draws from MLX's global RNG
+        self.drafter = init if init is not None else new_drafter(target, config, tokenizer, cfg)
+        self.block = self.drafter.config.block_size
+        target.set_taps(self.drafter.tap_ids)
+        warm = optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup)
+        decay = optim.cosine_decay(cfg.lr, max(1, cfg.steps - cfg.warmup), cfg.lr * 0.05)
+        self.optimizer = optim.AdamW(learning_rate=optim.join_schedules([warm, decay], [cfg.warmup]),
+                                     weight_decay=cfg.weight_decay)
+        self.checkpoint = cfg.out / "checkpoint"
+        self.step_no = load_checkpoint(self.checkpoint, self.drafter, self.optimizer) if self.checkpoint.exists() else 0
+        self.records = [r for r in records if len(r["tokens"]) > r["prompt_len"] + 1]
+        if not self.records:
+            raise ValueError("no training sequences with an answer")
+        self.grad_fn = nn.value_and_grad(self.drafter, self._loss)
+        self.ema = None
+
+    @property
+    def done(self) -> bool:
+        return self.step_no >= self.cfg.steps
+
+    def _loss(self, model, batch):
+        total, norm = mx.array(0.0), mx.array(0.0)
+        hits, seen = mx.zeros(self.block - 1), mx.zeros(self.block - 1)
+        for hidden, pos, ids, labels in batch:
+            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, self.cfg.decay_gamma)
+            total, norm, hits, seen = total + l, norm + w, hits + c, seen + s
+        return total / mx.maximum(norm, 1.0), (hits, seen)
+
+    def step(self, evaluate=None) -> dict:
+        """One optimizer step (batch s depends only on seed and s, so a resumed run is the same run);
+        checkpoints on schedule; returns the log record."""
+        cfg, step = self.cfg, self.step_no
+        rng = np.random.default_rng([cfg.seed, step])
+        mask = self.drafter.config.mask_token_id
+        batch = []
+        for i in rng.integers(0, len(self.records), size=cfg.sequences_per_step):
+            r = self.records[i]
+            _, hidden = self.target(mx.array([r["tokens"]]), cache=None)
+            batch.append((mx.stop_gradient(hidden),
+                          *block_batch(r["tokens"], r["prompt_len"], cfg.anchors_per_sequence, self.block, mask, rng)))
+        (loss, (hits, seen)), grads = self.grad_fn(self.drafter, batch)
+        grads, _ = optim.clip_grad_norm(grads, 1.0)
+        self.optimizer.update(self.drafter, grads)
+        mx.eval(loss, hits, seen, self.drafter.parameters(), self.optimizer.state)
+        self.step_no = step + 1
+        loss = loss.item()
+        self.ema = loss if self.ema is None else 0.95 * self.ema + 0.05 * loss
+        acc = (hits / mx.maximum(seen, 1)).tolist()
+        record = {"step": self.step_no, "loss": round(loss, 4), "slot_acc": [round(a, 3) for a in acc],
+                  "lr": float(self.optimizer.learning_rate)}
+        if evaluate and (self.step_no % cfg.eval_every == 0 or self.done):
+            record["tau"] = evaluate(self.drafter)
+        if self.step_no % cfg.checkpoint_every == 0 or self.done:
+            self.save_checkpoint()
+        with (cfg.out / "log.jsonl").open("a") as log_file:
+            log_file.write(json.dumps(record) + "\n")
+        return record
+
+    def save_checkpoint(self) -> None:
+        save_checkpoint(self.checkpoint, self.drafter, self.optimizer, self.step_no, self.cfg)
+
+    def info(self, record: dict) -> str:
+        return f"loss {self.ema:.3f} slot1 {record['slot_acc'][0]:.2f}" + (f" τ {record['tau']:.2f}" if "tau" in record else "")
+
+
 def train_drafter(target, config: dict, tokenizer, records: list[dict], cfg: DrafterTrainConfig,
                   evaluate=None) -> Path:
     """Train (or resume) and write the drafter in the public DFlash format to cfg.out / 'drafter'."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    cfg.out.mkdir(parents=True, exist_ok=True)
-    mx.random.seed(cfg.seed)
-    drafter = new_drafter(target, config, tokenizer, cfg)
-    target.set_taps(drafter.tap_ids)
-    warm = optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup)
-    decay = optim.cosine_decay(cfg.lr, max(1, cfg.steps - cfg.warmup), cfg.lr * 0.05)
-    optimizer = optim.AdamW(learning_rate=optim.join_schedules([warm, decay], [cfg.warmup]), weight_decay=cfg.weight_decay)
-    ckpt = cfg.out / "checkpoint"
-    start = load_checkpoint(ckpt, drafter, optimizer) if ckpt.exists() else 0
-    records = [r for r in records if len(r["tokens"]) > r["prompt_len"] + 1]
-    if not records:
-        raise ValueError("no training sequences with an answer")
-    mask = drafter.config.mask_token_id
-
-    def loss_fn(model, batch):
-        total, norm = mx.array(0.0), mx.array(0.0)
-        hits, seen = mx.zeros(cfg.block_size - 1), mx.zeros(cfg.block_size - 1)
-        for hidden, pos, ids, labels in batch:
-            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, cfg.decay_gamma)
-            total, norm, hits, seen = total + l, norm + w, hits + c, seen + s
-        return total / mx.maximum(norm, 1.0), (hits, seen)
-
-    grad_fn = nn.value_and_grad(drafter, loss_fn)
-    log_file = (cfg.out / "log.jsonl").open("a")
+    trainer = DrafterTrainer(target, config, tokenizer, records, cfg)
     columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(), TextColumn("{task.fields[info]}"),
                TimeRemainingColumn()]
     with Progress(*columns) as bar:
-        task = bar.add_task("drafter", total=cfg.steps, completed=start, info="")
-        ema = None
-        for step in range(start, cfg.steps):
-            rng = np.random.default_rng([cfg.seed, step])
-            batch = []
-            for i in rng.integers(0, len(records), size=cfg.sequences_per_step):
-                r = records[i]
-                _, hidden = target(mx.array([r["tokens"]]), cache=None)
-                batch.append((mx.stop_gradient(hidden),
-                              *block_batch(r["tokens"], r["prompt_len"], cfg.anchors_per_sequence, cfg.block_size, mask, rng)))
-            (loss, (hits, seen)), grads = grad_fn(drafter, batch)
-            grads, _ = optim.clip_grad_norm(grads, 1.0)
-            optimizer.update(drafter, grads)
-            mx.eval(loss, hits, seen, drafter.parameters(), optimizer.state)
-            loss = loss.item()
-            ema = loss if ema is None else 0.95 * ema + 0.05 * loss
-            acc = (hits / mx.maximum(seen, 1)).tolist()
-            record = {"step": step + 1, "loss": round(loss, 4), "slot_acc": [round(a, 3) for a in acc],
-                      "lr": float(optimizer.learning_rate)}
-            if evaluate and ((step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps):
-                record["tau"] = evaluate(drafter)
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
-                save_checkpoint(ckpt, drafter, optimizer, step + 1, cfg)
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
-            info = f"loss {ema:.3f} slot1 {acc[0]:.2f}" + (f" τ {record['tau']:.2f}" if "tau" in record else "")
-            bar.update(task, completed=step + 1, info=info)
-    return save_dflash(drafter, cfg.out / "drafter", {"mlx_spec": {"trained_with": "mlx-spec train-drafter",
-                                                                   "steps": cfg.steps, "seed": cfg.seed}})
+        task = bar.add_task("drafter", total=cfg.steps, completed=trainer.step_no, info="")
+        while not trainer.done:
+            record = trainer.step(evaluate)
+            bar.update(task, completed=trainer.step_no, info=trainer.info(record))
+    return save_dflash(trainer.drafter, cfg.out / "drafter", {"mlx_spec": {"trained_with": "mlx-spec train-drafter",
+                                                                           "steps": cfg.steps, "seed": cfg.seed}})
