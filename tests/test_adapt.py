@@ -140,3 +140,41 @@ def test_adapt_command_rollback_and_list(target_dir, capsys, tmp_path):
     assert "v1" in capsys.readouterr().out
     assert main(["adapt", "--model", str(target_dir), "--rollback"]) == 0
     assert "shipped" in capsys.readouterr().out and adapters.current(key) is None
+
+
+def test_serve_adapts_when_idle_and_requests_still_come_first(pair, target_dir):
+    import time
+
+    from test_server_harness import EOS_BIAS, RunningServer
+
+    from mlx_spec.app.server.config import LearnConfig, ModelConfig, ServerConfig
+
+    model, tok, drafter = pair
+    plain = mlx_spec.generate(model, tok, tok.encode("def add(a, b):", add_special_tokens=False), 10,
+                              speculative=False, logit_bias={0: -100, 2: -100})
+    learn = LearnConfig(record=True, adapt_when_idle=0.2, min_new_records=len(PROMPTS))
+    server = RunningServer(ServerConfig(model=ModelConfig(target=str(target_dir), drafter=str(drafter)), learn=learn))
+    try:
+        idle = server.state.scheduler.idle
+        idle.cfg = small(steps=40)
+        client = server.client()
+
+        def complete(prompt):
+            return client.completions.create(model="m", prompt=prompt, max_tokens=10, temperature=0,
+                                             logit_bias=EOS_BIAS).choices[0].text
+
+        for p in PROMPTS:
+            complete(p)
+        deadline = time.monotonic() + 60
+        while idle.job is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert idle.job is not None  # started once the server was idle
+        t0 = time.monotonic()
+        assert complete("def add(a, b):") == plain  # served mid-adaptation, unchanged
+        assert time.monotonic() - t0 < 5
+        while not idle.results and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (result,) = idle.results
+        assert result["steps"] >= 1 and "held_out" in result["after"]
+    finally:
+        server.stop()
