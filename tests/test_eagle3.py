@@ -204,7 +204,7 @@ def test_sampling_follows_target_with_several_drafts(tiny):
     ids only (zero elsewhere)."""
     model, tok = load(*tiny)
     exact = exact_joint(model.model, tok.encode(TINY_PROMPT), LAW, TINY_N, eos=set(tok.eos_token_ids))
-    runs = 300
+    runs = 200
     counts = count_runs(model, tok, LAW, runs, TINY_PROMPT, TINY_N, tuple(range(3, 9)), seeded=False)
     assert chi2_pvalue(exact, counts, runs) > 1e-3
     accepted = [a for _, a in count_runs.positions]

@@ -130,11 +130,11 @@ def test_sampling_follows_target_with_several_drafts(tiny):
     model, tok = load(tiny)
     exact = exact_joint(WithVocab(model.model, model.vocab_size), tok.encode(TINY_PROMPT), LAW, TINY_N,
                         eos=set(tok.eos_token_ids))
-    runs = 300
+    runs = 160
     counts = count_runs(model, tok, LAW, runs, TINY_PROMPT, TINY_N, tuple(range(3, 9)), seeded=False)
     assert chi2_pvalue(exact, counts, runs) > 1e-3
     accepted = [a for _, a in count_runs.positions]
-    assert accepted[0] > 20 and accepted[1] > 5, count_runs.positions
+    assert accepted[0] > 10 and accepted[1] > 3, count_runs.positions
 
 
 def test_seeded_sampling_equals_plain_seeded_decoding(tiny):

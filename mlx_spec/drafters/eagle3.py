@@ -30,7 +30,6 @@ class Eagle3Config:
     aux_ids: list[int] | None  # as written in the config (see `tap_layers`)
     norm_before_residual: bool = False
     norm_output: bool = False  # chained steps read the normed output (else the pre-norm one)
-    quantization: dict | None = None
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "Eagle3Config":
@@ -48,8 +47,7 @@ class Eagle3Config:
                    target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],
                    aux_ids=list(aux) if aux else None,
                    norm_before_residual=bool(cfg.get("norm_before_residual", False)),
-                   norm_output=bool(cfg.get("norm_output", False)),
-                   quantization=cfg.get("quantization"))
+                   norm_output=bool(cfg.get("norm_output", False)))
 
     def tap_layers(self, n_layers: int) -> list[int]:
         """The target decoder layers whose outputs fc reads, in fc's order.
