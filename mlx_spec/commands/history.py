@@ -27,4 +27,13 @@ def run(args) -> int:
     print(f"{'day':<10}  {'requests':>8}  {'output tokens':>13}  {'τ':>5}")
     for day, n, out, tau in daily(records):
         print(f"{day:<10}  {n:>8}  {out:>13}  {tau:>5.2f}" if tau else f"{day:<10}  {n:>8}  {out:>13}  {'–':>5}")
+    trend = [t for t in (_tau(records[i * len(records) // 10 : (i + 1) * len(records) // 10]) for i in range(10))
+             if t is not None]
+    if len(records) >= 20 and trend:  # the trend within a day too (before and after an adaptation, say)
+        print("τ by tenth of the history, oldest first: " + " ".join(f"{t:.2f}" for t in trend))
     return 0
+
+
+def _tau(records) -> float | None:
+    rounds = sum(r.drafted[0] for r in records if r.drafted)
+    return 1 + sum(sum(r.accepted or []) for r in records) / rounds if rounds else None
