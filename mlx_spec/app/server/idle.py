@@ -24,6 +24,7 @@ class IdleAdapter:
         self.job = self.units = None
         self.checked_at = float("-inf")
         self.trained_on = 0  # records the last adaptation started with
+        self.seen_size = -1  # the history's size at the last look
         self.results: list[dict] = []
 
     def due_in(self, idle_for: float) -> float:
@@ -41,7 +42,10 @@ class IdleAdapter:
         try:
             if self.units is None:
                 self.checked_at = time.monotonic()
-                count = len(self.history.records())
+                size = self.history.size_bytes()
+                if size == self.seen_size:  # nothing new: skip parsing the whole history
+                    return
+                self.seen_size, count = size, len(self.history.records())
                 if count - self.trained_on < self.min_new:
                     return
                 base = adapters.current(self.key) or self.backend.model.drafter_path
