@@ -4,6 +4,8 @@ import json
 import shutil
 
 import pytest
+
+import mlx_spec
 from mlx_lm.tool_parsers import json_tools, mistral
 
 from mlx_spec.app.server.backend import ModelInfo
@@ -52,8 +54,8 @@ def test_mistral_tool_calls_run_to_the_end():
     assert shown == "ok" and calls[0]["function"] == {"name": "f", "arguments": '{"x": 1}'}
 
 
-class FakeCache:
-    def __init__(self, tokens):
+class FakeCache(mlx_spec.PromptCache):
+    def __init__(self, tokens):  # only the tokens: what the pool ranks caches by
         self.tokens = tokens
 
 

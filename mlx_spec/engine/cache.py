@@ -138,14 +138,18 @@ class PromptCache:
         if self._checkpoints and all(pos != n for pos, _ in self._marks):
             self._marks = (self._marks + [(n, snapshot(self.cache))])[-self.CHECKPOINTS:]
 
+    def common_prefix(self, ids: list[int]) -> int:
+        """How many leading tokens of `ids` this cache holds (what a prefix pool ranks caches by)."""
+        n, limit = 0, min(len(self.tokens), len(ids))
+        while n < limit and self.tokens[n] == ids[n]:
+            n += 1
+        return n
+
     def reuse(self, prompt: list[int]) -> int:
         """Go back to the longest common prefix with `prompt` (keeping >= 1 token to prefill); returns
         the tokens really reused. What the caches cannot give back exactly is not reused: they go
         back to the checkpoint if it lies within the common prefix, else start afresh."""
-        n = 0
-        limit = min(len(self.tokens), len(prompt) - 1)
-        while n < limit and self.tokens[n] == prompt[n]:
-            n += 1
+        n = min(self.common_prefix(prompt), len(prompt) - 1)
         usable = [m for m in self._marks if m[0] <= n]
         if len(self.tokens) - n <= self.max_trim():
             self.truncate(n)

@@ -59,7 +59,6 @@ class DecodeState:
     remaining: int = 1 << 30  # tokens the caller still wants: caps drafts and running ahead
     k: int | None = None  # drafts planned for the next round
     ahead: mx.array | None = None
-    key_before_ahead: mx.array | None = None  # the sampler's key before running ahead, to back out exactly
 
 
 def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iterator[int | Round]:
@@ -157,7 +156,6 @@ def plain_round(target, s: DecodeState) -> Round:
     token, s.ahead = s.ahead, None
     s.k = None
     if s.remaining > 1 and plan(s, s.remaining - 1) == 0:
-        s.key_before_ahead = s.sampler.rng_state
         s.ahead, hidden = advance(target, s, token)
     s.anchor = token.item()
     if s.ahead is not None:
@@ -179,5 +177,4 @@ def settle(s: DecodeState) -> None:
     """Back out of running ahead (another request joined): the anchor leaves the cache again."""
     if s.ahead is not None:
         s.ahead = None
-        s.sampler.rng_state = s.key_before_ahead
         s.pc.truncate(len(s.pc.tokens) - 1)

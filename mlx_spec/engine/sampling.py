@@ -57,7 +57,8 @@ class SamplingParams:
 
 
 class Sampler:
-    """Per-request sampling: logits processors, the truncated distribution p, and a seeded key stream."""
+    """Per-request sampling: logits processors, the truncated distribution p, and its draws (position-keyed
+    Gumbel noise when seeded, MLX's global key stream otherwise)."""
 
     def __init__(self, params: SamplingParams, vocab_size: int):
         self.params = params
@@ -69,7 +70,6 @@ class Sampler:
             params.logit_bias, params.repetition_penalty, params.penalty_context,
             params.presence_penalty, params.penalty_context, params.frequency_penalty, params.penalty_context,
         )
-        self._key = mx.random.key(params.seed) if params.seed is not None else None
         self.coupled = params.seed is not None and not self.greedy  # position-keyed Gumbel draws
         self.vocab_size = vocab_size
 
@@ -129,26 +129,11 @@ class Sampler:
         """What a drafter samples its proposals with this round; draft 1 sits at position `start`."""
         return DraftSampling(self, start)
 
-    @property
-    def rng_state(self):
-        """The seeded key stream's position (None when unseeded), to undo draws that are backed out."""
-        return self._key
-
-    @rng_state.setter
-    def rng_state(self, key) -> None:
-        self._key = key
-
-    def key(self):
-        if self._key is None:
-            return None
-        self._key, sub = mx.random.split(self._key)
-        return sub
-
     def draw(self, probs: mx.array) -> mx.array:
-        return mx.random.categorical(mx.log(probs), key=self.key()).astype(mx.int32)
+        return mx.random.categorical(mx.log(probs)).astype(mx.int32)  # unseeded: MLX's global key stream
 
     def uniform(self, n: int) -> mx.array:
-        return mx.random.uniform(shape=(n,), key=self.key())
+        return mx.random.uniform(shape=(n,))
 
 
 def accept(logits: mx.array, draft: Draft, sampler: Sampler, kernels=None, position: int = 0) -> tuple[int, list[int]]:

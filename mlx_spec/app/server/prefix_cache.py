@@ -16,14 +16,6 @@ from collections import OrderedDict
 from typing import Callable
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class PrefixCachePool:
     def __init__(self, make: Callable[[], object], capacity: int):
         self.make, self.capacity = make, capacity
@@ -36,7 +28,7 @@ class PrefixCachePool:
             if part != partition:
                 continue
             oldest = key if oldest is None else oldest
-            n = common_prefix(pc.tokens, ids)
+            n = pc.common_prefix(ids)
             if n >= best_n and n > 0:  # ties go to the most recently used
                 best, best_n = key, n
         if best is None and len(self.idle) >= self.capacity:
