@@ -43,7 +43,7 @@ def record(model, tok, key: str) -> History:
 
 def small(**kw) -> AdaptConfig:
     return AdaptConfig(**{"steps": 6, "warmup": 2, "checkpoint_every": 2, "eval_tokens": 8, "general_prompts": 3,
-                          "sequences_per_step": 2, "anchors_per_sequence": 4, **kw})
+                          "sequences_per_step": 2, "anchors_per_sequence": 4, "rehearsal_tokens": 6, **kw})
 
 
 def weights(drafter) -> dict:
@@ -63,6 +63,7 @@ def test_adaptation_resumes_where_it_stopped(pair, target_dir):
             break
     units.close()
     assert (adapters.work_dir(key) / "checkpoint").exists() and (adapters.work_dir(key) / "before.json").exists()
+    assert (adapters.folder(key) / "rehearsal.jsonl").exists()  # the target's answers to the rehearsed prompts
     resumed = Adaptation(model, tok, key, small(), drafter)
     phases = [u.phase for u in resumed.run()]
     assert "before" not in phases  # the first run's measurement was kept
