@@ -67,6 +67,7 @@ class Adaptation:
         self.history = history or History.for_target(key)
         self.work = adapters.work_dir(key)
         self.result: dict | None = None
+        self.n_history = 0  # records in the history when this adaptation took its data
         self.candidate = None  # the trained drafter, once training ends (installed or not)
 
     def run(self) -> Iterator[Unit]:
@@ -97,9 +98,12 @@ class Adaptation:
         saved = self._load_json("split.json")
         if saved is not None:
             self.base = Path(saved["base"])  # resume from what this run started from
+            self.n_history = saved.get("history_records", 0)
             return saved["train"], saved["held_out"]
         limit = self.cfg.max_sequence
-        records = [r for r in self.history.records() if len(r.prompt) < limit - 1 and len(r.output) > 1]
+        everything = self.history.records()
+        self.n_history = len(everything)
+        records = [r for r in everything if len(r.prompt) < limit - 1 and len(r.output) > 1]
         n_held = min(self.cfg.max_holdout, max(1, round(len(records) * self.cfg.holdout)))
         if len(records) < n_held + 1:
             raise MlxSpecError(f"the history has {len(records)} usable records; record more traffic first "
@@ -110,7 +114,8 @@ class Adaptation:
             train.append({"tokens": seq["tokens"][:limit], "prompt_len": seq["prompt_len"]})
         held = [{"messages": r.prompt, "kind": "held_out"} for r in records[-n_held:]]  # token ids are a prompt too
         self.work.mkdir(parents=True, exist_ok=True)
-        self._save_json("split.json", {"train": train, "held_out": held, "base": str(self.base)})
+        self._save_json("split.json", {"train": train, "held_out": held, "base": str(self.base),
+                                       "history_records": self.n_history})
         return train, held
 
     def _general(self) -> list[dict]:
@@ -171,7 +176,8 @@ class Adaptation:
         from ..drafters.dflash import save_dflash
 
         reason = verdict(before, after, self.cfg.general_tolerance)
-        report = {"base": str(self.base), "steps": trainer.step_no, "train_records": n_train, "held_out_records": n_held,
+        report = {"base": str(self.base), "steps": trainer.step_no, "history_records": self.n_history,
+                  "train_records": n_train, "held_out_records": n_held,
                   "before": before, "after": after, "config": _jsonable(asdict(self.cfg)), "accepted": reason is None,
                   "reason": reason or "held-out τ improved and general τ held"}
         if reason is None:

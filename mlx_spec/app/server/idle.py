@@ -23,7 +23,7 @@ class IdleAdapter:
         self.after_s, self.min_new, self.cfg = after_s, min_new, cfg or AdaptConfig()
         self.job = self.units = None
         self.checked_at = float("-inf")
-        self.trained_on = 0  # records the last adaptation started with
+        self.trained_on = _last_count(key)  # history records the last adaptation (of any process) started with
         self.seen_size = -1  # the history's size at the last look
         self.results: list[dict] = []
 
@@ -42,11 +42,12 @@ class IdleAdapter:
         try:
             if self.units is None:
                 self.checked_at = time.monotonic()
+                interrupted = (adapters.work_dir(self.key) / "split.json").exists()  # resume it first
                 size = self.history.size_bytes()
-                if size == self.seen_size:  # nothing new: skip parsing the whole history
+                if size == self.seen_size and not interrupted:  # nothing new: skip parsing the whole history
                     return
                 self.seen_size, count = size, len(self.history.records())
-                if count - self.trained_on < self.min_new:
+                if count - self.trained_on < self.min_new and not interrupted:
                     return
                 base = adapters.current(self.key) or self.backend.model.drafter_path
                 self.job = Adaptation(self.backend.model, self.backend.tokenizer, self.key, self.cfg, base, self.history)
@@ -64,3 +65,15 @@ class IdleAdapter:
             log.exception("background adaptation failed; it stays off until restart")
             self.job = self.units = None
             self.after_s = float("inf")
+
+
+def _last_count(key: str) -> int:
+    """So that a restarted server does not adapt again on the history it already adapted on."""
+    import json
+
+    from mlx_spec import adapters
+
+    try:
+        return int(json.loads((adapters.folder(key) / "last-report.json").read_text()).get("history_records", 0))
+    except (OSError, ValueError):
+        return 0

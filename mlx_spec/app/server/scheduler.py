@@ -128,7 +128,7 @@ class Scheduler:
                 due = self.idle.due_in(time.monotonic() - self.last_active)
                 if due <= 0:
                     break
-                self._lock.wait(due)
+                self._lock.wait(min(due, 3600.0))  # due is infinite once idle adaptation is off
             return not self._stopping
 
     def step(self) -> None:
