@@ -48,7 +48,8 @@ def test_cli_json(target_dir, drafter_dir, tmp_path):
     assert [(r["mode"], r["kind"], r["block"]) for r in rows] == [
         (m, k, b) for m in ("auto", "lookup") for k in ("code", "long") for b in ("auto", "3")]
     for r in rows:
-        assert set(r) == SCHEMA_KEYS and r["identical"] and r["plain_decode_tps"] > 0 and r["tau"] >= 1
+        assert set(r) == SCHEMA_KEYS and r["identical"] and r["plain_decode_tps"] > 0
+        assert r["tau"] >= 1 or (r["tau"] == 0 and r["mean_draft"] == 0)  # τ 0: no round drafted
     assert rows[1]["bound"] is not None and rows[1]["efficiency"] is not None
 
 

@@ -49,10 +49,30 @@ def test_tau_counts_only_rounds_that_drafted():
     assert mlx_spec.SpecStats().tau == 0.0
 
 
-def test_tau_of_an_adaptive_run_matches_its_counters(pair):
+class Alternate:
+    """Draft lengths 0, 3, 0, 3, ...: a run with plain and drafting rounds, as the controller makes."""
+
+    def __init__(self):
+        self.n = 0
+
+    def next(self) -> int:
+        self.n += 1
+        return 3 * (self.n % 2 == 0)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+def test_tau_of_a_mixed_run_matches_its_counters(pair):
     model, tok = pair
-    last = list(mlx_spec.stream_generate(model, tok, PROMPT, 64))[-1].spec
-    assert last.tau == pytest.approx(1 + last.accepted / last.drafting_rounds)
+    g = mlx_spec.make_generation(model, tok, PROMPT, 64, draft_lengths=Alternate())
+    out = [g.start()]
+    while not g.finished:
+        out.append(mlx_spec.step_all(model, [g])[0])
+    s = out[-1].spec
+    assert 0 < s.drafting_rounds < s.rounds
+    assert s.tau == pytest.approx(1 + s.accepted / s.drafting_rounds) and s.tau > s.tokens_per_pass
+    assert s.as_dict()["tau"] == pytest.approx(s.tau, abs=1e-4)
 
 
 @pytest.mark.parametrize("bad", [0, -1, 9, 99, 2.5, True])
