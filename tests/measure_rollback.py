@@ -2,7 +2,6 @@
 import sys, time, tempfile
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
-import mlx.core as mx
 import factory, archs, mlx_lm, mlx_spec
 from mlx_spec.engine import cache as cache_mod
 

@@ -1,6 +1,5 @@
 """Every drafting mode under the one verify loop stays lossless; auto picks by checkpoint content."""
 
-import mlx_lm
 import pytest
 
 import factory

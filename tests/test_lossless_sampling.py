@@ -3,8 +3,6 @@
 Unseeded runs use rejection sampling (the global key stream, seeded once per test); seeded runs use
 position-keyed Gumbel draws, whose output must also equal plain decoding with the same seed."""
 
-import itertools
-
 import mlx.core as mx
 import mlx_lm
 import numpy as np

@@ -7,7 +7,7 @@ import openai
 import pytest
 
 from test_server_agent_models import OPEN_THINKING_TEMPLATE, THINKING_TEMPLATE, play_back, with_template
-from test_server_harness import EOS_BIAS, serve, sse_events
+from test_server_harness import EOS_BIAS, serve
 
 HELLO = [{"role": "user", "content": "Hello, how are you"}]
 BIAS = {"logit_bias": EOS_BIAS}  # mlx-spec's extension field: keeps the random model from stopping early

@@ -7,6 +7,8 @@ from typing import Protocol
 
 import mlx.core as mx
 
+from ..errors import DrafterMismatchError
+
 
 @dataclass
 class Draft:
@@ -35,3 +37,13 @@ class Drafter(Protocol):
 
     def propose(self, state, anchor: int, k: int, sampling) -> Draft:
         """Up to k tokens following `anchor`, which sits at position `state.offset`."""
+
+
+def load_strict(module, weights: dict, path, against: str = "its config", what: str = "weights") -> None:
+    """Load a checkpoint's weights into `module`, every tensor accounted for; a mismatch is the
+    checkpoint's, named in one line."""
+    try:
+        module.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise DrafterMismatchError(f"{path}: {what} do not match {against} ({' '.join(str(e).split())[:240]})") from None
+    mx.eval(module.parameters())

@@ -20,7 +20,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from ..errors import DrafterMismatchError, LoadError
 from ..model_files import check_safetensors, read_config
-from .base import Draft
+from .base import Draft, load_strict
 
 
 @dataclass
@@ -311,14 +311,10 @@ def fill(model: DFlashDrafter, weights: dict, path: Path) -> DFlashDrafter:
                     class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
     for name in [w for w in weights if w.startswith(("lm_head", "embed_tokens"))]:
         weights.pop(name)  # tolerated copies of the target's own; the target's are used
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise DrafterMismatchError(f"{path}: weights do not match its config ({' '.join(str(e).split())[:240]})") from None
+    load_strict(model, weights, path)
     fc_in = model.fc.weight.shape[-1] * (32 // cfg.quantization["bits"] if cfg.quantization else 1)
     if fc_in != len(cfg.target_layer_ids) * cfg.hidden_size:
         raise DrafterMismatchError(f"{path}: fc takes {fc_in} features, expected {len(cfg.target_layer_ids)} taps x {cfg.hidden_size}")
-    mx.eval(model.parameters())
     return model
 
 

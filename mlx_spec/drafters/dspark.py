@@ -25,9 +25,9 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import DrafterMismatchError, LoadError
+from ..errors import LoadError
 from ..model_files import check_safetensors, read_config
-from .base import Draft
+from .base import Draft, load_strict
 from .dflash import DFlashConfig, DFlashDrafter, check_fit
 
 
@@ -167,9 +167,5 @@ def load_dspark(path: Path, target, target_config: dict) -> DSparkDrafter:
         q = cfg.quantization
         nn.quantize(model, group_size=q["group_size"], bits=q["bits"],
                     class_predicate=lambda p, m: hasattr(m, "to_quantized") and f"{p}.scales" in weights)
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise DrafterMismatchError(f"{path}: weights do not match its config ({' '.join(str(e).split())[:240]})") from None
-    mx.eval(model.parameters())
+    load_strict(model, weights, path)
     return model.bind(target)

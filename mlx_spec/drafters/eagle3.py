@@ -18,6 +18,7 @@ from mlx_lm.models import llama
 
 from ..errors import DrafterMismatchError, LoadError
 from ..model_files import check_safetensors, read_config, text_config
+from .base import load_strict
 from .chain import ChainDrafter, causal_mask, quantize_like
 
 
@@ -181,11 +182,7 @@ def load_eagle3(path: Path, target, target_config: dict, block_size: int | None 
     check_fit(cfg, taps, d2t, "embed_tokens.weight" in weights, target, target_config, path)
     model = Eagle3Model(cfg, own_embedding="embed_tokens.weight" in weights)
     quantize_like(model, weights)
-    try:
-        model.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise DrafterMismatchError(f"{path}: weights do not match its config ({' '.join(str(e).split())[:240]})") from None
-    mx.eval(model.parameters())
+    load_strict(model, weights, path)
     return Eagle3Drafter(model, cfg, taps, target, d2t, block_size or 8)
 
 

@@ -25,6 +25,7 @@ import mlx.nn as nn
 from ..errors import DrafterMismatchError, LoadError
 from ..model_files import read_config, safetensors_header, text_config
 from ..target import FINAL_NORMS, find_layers
+from .base import load_strict
 from .chain import ChainDrafter, causal_mask, quantize_like
 
 _LAYER = re.compile(r"^(?:model\.)?(?:language_model\.)?(?:model\.)?layers\.(\d+)\.(.*)$")
@@ -179,11 +180,7 @@ def load_mtp(path: Path, target, target_config: dict, block_size: int | None = N
         weights = {k: v + 1.0 if "norm" in k and v.ndim == 1 else v for k, v in weights.items()}
     head = _Head(layer, args.hidden_size, args.rms_norm_eps)
     quantize_like(head, weights)
-    try:
-        head.load_weights(list(weights.items()), strict=True)
-    except ValueError as e:
-        raise DrafterMismatchError(f"{path}: MTP weights do not match the target ({' '.join(str(e).split())[:240]})") from None
-    mx.eval(head.parameters())
+    load_strict(head, weights, path, "the target", what="MTP weights")
     return MTPDrafter(head, target, block_size or 4)
 
 

@@ -8,7 +8,6 @@ step s depends only on (seed, s), so a resumed run continues exactly where it st
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

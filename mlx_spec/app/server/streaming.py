@@ -75,25 +75,11 @@ async def sse(handle: Handle, fmt: Format, tools: Splitter | None, keepalive: fl
 
 async def collect(handle: Handle, fmt: Format, tools: Splitter | None) -> dict | None:
     """The whole response, or None if the client left. Raises APIError for a failed generation."""
-    thoughts, texts, calls = [], [], []
-    try:
-        while True:
-            try:
-                out = await handle.next()
-            except ClientGone:
-                return None
-            raise_failure(out)
-            if out.finish_reason == "abort":
-                return None
-            thought, text, new_calls = _split(out, tools)
-            thoughts.append(thought)
-            texts.append(text)
-            calls += new_calls
-            if out.finish_reason is not None:
-                return fmt.response("".join(texts), calls, "tool_calls" if calls else out.finish_reason, out,
-                                    "".join(thoughts))
-    finally:
-        handle.close()
+    got = await gather(handle, tools)
+    if got is None:
+        return None
+    thought, text, calls, out = got
+    return fmt.response(text, calls, "tool_calls" if calls else out.finish_reason, out, thought)
 
 
 def raise_failure(out: Output) -> None:
