@@ -32,11 +32,31 @@ QWEN35 = dict(model_type="qwen3_5", text_config=dict(
 DENSE = dict(model_type="qwen3", **WIDTH, rope_theta=10000.0)
 
 
+def random_model(config: dict, seed: int = 0, scale: float = 4.0):
+    """mlx-lm's model for `config` with random weights, the 2-D ones scaled up so that logits are peaked,
+    like a trained model's."""
+    from mlx_lm.utils import _get_classes
+
+    mx.random.seed(seed)
+    model_cls, args_cls = _get_classes(config)
+    model = model_cls(args_cls.from_dict(config))
+    model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
+    return model
+
+
+def save_model(model, config: dict, tokenizer_dir: Path, out: Path) -> Path:
+    """`model` in the on-disk format users load, with the tokenizer files of `tokenizer_dir`."""
+    out.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    for f in tokenizer_dir.glob("*token*"):
+        shutil.copy(f, out / f.name)
+    return out
+
+
 def build(out: Path, config: dict, seed: int = 0, scale: float = 4.0) -> Path:
     """A random-weight model of `config` in the on-disk format; weights scaled up so that logits are
     peaked, like a trained model's."""
-    from mlx_lm.utils import _get_classes
-
     from .models import DEFAULT_TARGET
 
     if (out / "config.json").exists():
@@ -45,26 +65,14 @@ def build(out: Path, config: dict, seed: int = 0, scale: float = 4.0) -> Path:
     config = {**config, "vocab_size": vocab, "architectures": ["RandomForBench"], "eos_token_id": 2}
     if "text_config" in config:
         config["text_config"] = {**config["text_config"], "vocab_size": vocab}
-    mx.random.seed(seed)
-    model_cls, args_cls = _get_classes(config)
-    model = model_cls(args_cls.from_dict(config))
-    model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
-    out.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    for f in DEFAULT_TARGET.glob("*token*"):
-        shutil.copy(f, out / f.name)
-    return out
+    return save_model(random_model(config, seed, scale), config, DEFAULT_TARGET, out)
 
 
-class FixedAcceptance:
-    """Drafts the true continuation with exactly the first ceil(rate * k) of k drafts right (the rest
-    wrong), so every round accepts that fraction: `truth[i]` is the token at absolute position i."""
+class PositionDrafter:
+    """The bookkeeping of a drafter that drafts from a known continuation: its state is the absolute
+    position reached (observed tokens count it up, a trim counts it back), no target features read."""
 
     tap_ids = ()
-
-    def __init__(self, truth: list[int], rate: float, block_size: int = 8, vocab: int = 4096):
-        self.truth, self.rate, self.block_size, self.vocab = truth, rate, block_size, vocab
 
     class State:
         def __init__(self):
@@ -79,6 +87,14 @@ class FixedAcceptance:
 
     def observe(self, state, hidden, tokens):
         state.offset += len(tokens)
+
+
+class FixedAcceptance(PositionDrafter):
+    """Drafts the true continuation with exactly the first ceil(rate * k) of k drafts right (the rest
+    wrong), so every round accepts that fraction: `truth[i]` is the token at absolute position i."""
+
+    def __init__(self, truth: list[int], rate: float, block_size: int = 8, vocab: int = 4096):
+        self.truth, self.rate, self.block_size, self.vocab = truth, rate, block_size, vocab
 
     def propose(self, state, anchor, k, sampling):
         right = math.ceil(self.rate * k)

@@ -10,9 +10,8 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_map
 
-import factory
+from mlx_spec.bench_models import random_model, save_model
 
 COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               rms_norm_eps=1e-6, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=True)
@@ -78,8 +77,6 @@ FAMILIES = {
 def make(out: Path, tokenizer_dir: Path, family: str, layers: int = 4, seed: int = 0, scale: float = 4.0,
          **overrides) -> Path:
     """A random-weight target of `family`; weights scaled so that logits are peaked, like a trained model's."""
-    from mlx_lm.utils import _get_classes
-
     if (out / "config.json").exists():
         return out
     vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
@@ -88,12 +85,9 @@ def make(out: Path, tokenizer_dir: Path, family: str, layers: int = 4, seed: int
         config["text_config"] = {"vocab_size": vocab, **config["text_config"]}
     config["architectures"] = ["RandomForTests"]
     config["eos_token_id"] = 2
-    mx.random.seed(seed)
-    model_cls, args_cls = _get_classes(config)
-    model = model_cls(args_cls.from_dict(config))
-    model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
+    model = random_model(config, seed, scale)
     for layer in model.layers:  # gpt-oss's attention sinks start at zero: make them matter
         attn = getattr(layer, "self_attn", None)
         if attn is not None and "sinks" in attn:
             attn.sinks = mx.random.normal(attn.sinks.shape)
-    return factory._save(model, config, tokenizer_dir, out)
+    return save_model(model, config, tokenizer_dir, out)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten
 
+from mlx_spec.bench_models import PositionDrafter, random_model, save_model
 from mlx_spec.drafters.dflash import DFlashConfig, DFlashDrafter, save_dflash
 from mlx_spec.train.tokenizer import MASK, SPECIAL_TOKENS, save_tokenizer, train_tokenizer
 
@@ -52,28 +52,24 @@ def make_tiny_tokenizer(out: Path, letters: str = "abcd") -> Path:
 def make_target(out: Path, tokenizer_dir: Path, arch: str = "qwen3", layers: int = 4, seed: int = 0,
                 scale: float = 4.0) -> Path:
     """A random-weight target. Weights are scaled up so that logits are peaked, like a trained model's."""
-    from mlx_lm.utils import _get_classes
-
     vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
     config = dict(hidden_size=64, num_hidden_layers=layers, intermediate_size=128, num_attention_heads=4,
                   num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=vocab, max_position_embeddings=512,
                   **ARCHS[arch])
     config["architectures"] = ["RandomForTests"]
     config["eos_token_id"] = 2
-    mx.random.seed(seed)
-    model_cls, args_cls = _get_classes(config)
-    model = model_cls(args_cls.from_dict(config))
-    model.update(tree_map(lambda p: p * scale if p.ndim == 2 else p, model.parameters()))
-    return _save(model, config, tokenizer_dir, out)
+    return save_model(random_model(config, seed, scale), config, tokenizer_dir, out)
 
 
-def _save(model, config, tokenizer_dir: Path, out: Path) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    for f in tokenizer_dir.glob("*token*"):
-        shutil.copy(f, out / f.name)
-    return out
+def tiny_target(models_dir: Path, name: str = "tiny") -> Path:
+    """The 8-id target of the sampling tests (llama, 2 layers), built once a session under `name`."""
+    tok_dir = models_dir / f"{name}-tokenizer"
+    if not tok_dir.exists():
+        make_tiny_tokenizer(tok_dir)
+    target = models_dir / name
+    if not target.exists():
+        make_target(target, tok_dir, "llama", layers=2, seed=7, scale=1.6)
+    return target
 
 
 def quantize(src: Path, out: Path, bits: int, group_size: int = 32) -> Path:
@@ -81,18 +77,25 @@ def quantize(src: Path, out: Path, bits: int, group_size: int = 32) -> Path:
 
     model, config = load_model(src)
     model, config = quantize_model(model, config, group_size=group_size, bits=bits)
-    return _save(model, config, src, out)
+    return save_model(model, config, src, out)
+
+
+def drafter_config(target_dir: Path, taps, block_size: int, layers: int = 1, cls=DFlashConfig, **extra):
+    """The target's config, its mask token id and a small block drafter's config (`cls`: DFlashConfig or a
+    subclass, `extra` its own fields) that reads layers `taps` of that target."""
+    tcfg = json.loads((target_dir / "config.json").read_text())
+    tok = json.loads((target_dir / "tokenizer.json").read_text())
+    mask = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK)
+    cfg = cls(hidden_size=tcfg["hidden_size"], num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, intermediate_size=128, vocab_size=tcfg["vocab_size"], mask_token_id=mask,
+              target_layer_ids=list(taps), block_size=block_size, num_target_layers=tcfg["num_hidden_layers"],
+              rope_theta=10000.0, **extra)
+    return tcfg, mask, cfg
 
 
 def make_drafter(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 8, layers: int = 1,
                  seed: int = 1, **overrides) -> Path:
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    tok = json.loads((target_dir / "tokenizer.json").read_text())
-    mask = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK)
-    cfg = DFlashConfig(hidden_size=tcfg["hidden_size"], num_hidden_layers=layers, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=tcfg["vocab_size"],
-                       mask_token_id=mask, target_layer_ids=list(taps), block_size=block_size,
-                       num_target_layers=tcfg["num_hidden_layers"], rope_theta=10000.0)
+    _, mask, cfg = drafter_config(target_dir, taps, block_size, layers)
     for k, v in overrides.items():
         setattr(cfg, k, v)
     mx.random.seed(seed)
@@ -103,14 +106,12 @@ def make_drafter(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 8, 
     return save_dflash(DFlashDrafter(cfg), out, extra)
 
 
-class OracleDrafter:
+class OracleDrafter(PositionDrafter):
     """A test drafter that knows the right continuation and corrupts some of it.
 
     It exercises every acceptance path of the loop (none, some, all accepted) without
     a trained model. `truth[i]` is the token at absolute position i.
     """
-
-    tap_ids = ()
 
     def __init__(self, truth: list[int], block_size: int = 6, error_rate: float = 0.3, seed: int = 0,
                  vocab: int = 100, sampled_q: bool = False):
@@ -118,20 +119,6 @@ class OracleDrafter:
 
         self.truth, self.block_size, self.error_rate = truth, block_size, error_rate
         self.rng, self.vocab, self.sampled_q = random.Random(seed), vocab, sampled_q
-
-    class State:
-        def __init__(self):
-            self.offset = 0
-
-        def trim(self, n):
-            self.offset -= n
-            return n
-
-    def make_state(self):
-        return self.State()
-
-    def observe(self, state, hidden, tokens):
-        state.offset += len(tokens)
 
     def propose(self, state, anchor, k, sampling):
         from mlx_spec.drafters.base import Draft
@@ -204,13 +191,7 @@ def make_dspark(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 5, c
     token drawn before it (the Markov head's term)."""
     from mlx_spec.drafters.dspark import DSparkDrafter
 
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    tok = json.loads((target_dir / "tokenizer.json").read_text())
-    mask = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK)
-    cfg = DFlashConfig(hidden_size=tcfg["hidden_size"], num_hidden_layers=1, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=tcfg["vocab_size"],
-                       mask_token_id=mask, target_layer_ids=list(taps), block_size=block_size,
-                       num_target_layers=tcfg["num_hidden_layers"], rope_theta=10000.0)
+    tcfg, mask, cfg = drafter_config(target_dir, taps, block_size)
     mx.random.seed(seed)
     model = DSparkDrafter(cfg, rank=16, confidence=confidence, with_markov=True, threshold=threshold)
     target = mx.load(str(target_dir / "model.safetensors"))

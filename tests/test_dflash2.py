@@ -9,14 +9,13 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
+import drafter_checks as checks
 import factory
 import mlx_spec
 from mlx_spec.drafters.dflash2 import DFlash2Config, DFlash2Drafter
 from mlx_spec.engine.sampling import SamplingParams
 from mlx_spec.errors import DrafterMismatchError
-from mlx_spec.train.tokenizer import MASK
 from test_lossless_greedy import plain, spec
-from test_lossless_sampling import TINY_N, TINY_PROMPT, count_runs, exact_joint, law_pvalue
 
 
 def make_dflash2(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 8, layers: int = 2, seed: int = 4,
@@ -24,14 +23,8 @@ def make_dflash2(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 8, 
                  edge_scale: float = 1.0, **top_level) -> Path:
     """A random DFlash 2 drafter written as z-lab publishes one: config keys in `dflash_config`, per-layer
     `{attention,mlp}_conv.{base_kernel,kernel_projection.weight}`, selector codebooks without `.weight`."""
-    tcfg = json.loads((target_dir / "config.json").read_text())
-    tok = json.loads((target_dir / "tokenizer.json").read_text())
-    mask = next(t["id"] for t in tok["added_tokens"] if t["content"] == MASK)
-    cfg = DFlash2Config(hidden_size=tcfg["hidden_size"], num_hidden_layers=layers, num_attention_heads=4,
-                        num_key_value_heads=2, head_dim=16, intermediate_size=128, vocab_size=tcfg["vocab_size"],
-                        mask_token_id=mask, target_layer_ids=list(taps), block_size=block_size,
-                        num_target_layers=tcfg["num_hidden_layers"], rope_theta=10000.0,
-                        conv_kernel_size=2, conv_group_size=group, selector_rank=rank, selector_top_k=top_k)
+    tcfg, mask, cfg = factory.drafter_config(target_dir, taps, block_size, layers, DFlash2Config, conv_kernel_size=2,
+                                             conv_group_size=group, selector_rank=rank, selector_top_k=top_k)
     mx.random.seed(seed)
     model = DFlash2Drafter(cfg)
     weights = dict(tree_flatten(model.parameters()))
@@ -126,12 +119,7 @@ def test_greedy_matches_plain(target_dir, models_dir, precision):
 def tiny_dflash2(models_dir):
     """The tiny 8-id target of the sampling tests and a DFlash 2 drafter over 4 candidates a slot, its
     codebooks scaled up so that the walk's edge term decides between them."""
-    tok_dir = models_dir / "tiny-tokenizer"
-    if not tok_dir.exists():
-        factory.make_tiny_tokenizer(tok_dir)
-    target = models_dir / "tiny"
-    if not target.exists():
-        factory.make_target(target, tok_dir, "llama", layers=2, seed=7, scale=1.6)
+    target = factory.tiny_target(models_dir)
     return target, make_dflash2(models_dir / "tiny-dflash2", target, taps=(0, 1), block_size=8, top_k=4, rank=8,
                                 output_multiplier=0.3, edge_scale=1.5)
 
@@ -140,13 +128,10 @@ def test_sampling_follows_target(tiny_dflash2):
     """Rejection sampling against the selector's k-sparse q, several drafts a round (k = 2..7 pooled)."""
     target, drafter = tiny_dflash2
     model, tok = mlx_spec.load(str(target), drafter=str(drafter), mode="dflash2")
-    params = SamplingParams(temperature=0.8, top_k=5, logit_bias={2: -2.0, 4: 0.8})
-    exact = exact_joint(model.model, tok.encode(TINY_PROMPT), params, TINY_N, eos=set(tok.eos_token_ids))
-    runs = 600
-    counts = count_runs(model, tok, params, runs, TINY_PROMPT, TINY_N, blocks=tuple(range(3, 9)), seeded=False)
-    assert law_pvalue(exact, counts, runs, TINY_N) > 1e-3
-    accepted = [a for _, a in count_runs.positions]
-    assert accepted[1] >= 10 and accepted[0] - accepted[1] >= 10, count_runs.positions  # accepts and rejects deep
+    p, accepted = checks.pooled_sampling(model, tok, SamplingParams(temperature=0.8, top_k=5,
+                                                                      logit_bias={2: -2.0, 4: 0.8}), 600)
+    assert p > 1e-3
+    assert accepted[1] >= 10 and accepted[0] - accepted[1] >= 10, accepted  # accepts and rejects deep
 
 
 def test_mismatches_are_refused(tmp_path, target_dir, dflash2_dir):
@@ -232,12 +217,5 @@ def test_matches_zlab_reference(target_dir, models_dir):
 
 
 def test_eval_drafter_and_bench_run_it(target_dir, dflash2_dir, capsys):
-    from mlx_spec.cli import main
-
-    assert main(["eval-drafter", "--model", str(target_dir), "--drafter", str(dflash2_dir), "--mode", "dflash2",
-                 "--max-tokens", "8", "--limit", "1"]) == 0
-    assert capsys.readouterr().out.strip()
-    assert main(["bench", "--model", str(target_dir), "--drafter", str(dflash2_dir), "--mode", "dflash2",
-                 "--kinds", "code", "--max-tokens", "8", "--repeats", "1", "--block-sizes", "4", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["results"]
-    assert rows and all(r["identical"] for r in rows)
+    common = ["--model", str(target_dir), "--drafter", str(dflash2_dir), "--mode", "dflash2"]
+    checks.assert_eval_drafter_and_bench_run(capsys, common, ["--max-tokens", "8", "--limit", "1"], 4)

@@ -9,11 +9,11 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+import drafter_checks as checks
 import factory
 import mlx_spec
 from mlx_spec.engine.sampling import Sampler, SamplingParams
 from test_lossless_greedy import plain, spec
-from test_lossless_sampling import TINY_N, TINY_PROMPT, count_runs, exact_joint, law_pvalue
 
 RANK = 16  # factory.make_dspark's markov_rank
 
@@ -126,12 +126,7 @@ def test_confidence_truncation(models_dir, target_dir, rule):
 
 @pytest.fixture(scope="module")
 def tiny_rnn(models_dir):
-    tok_dir = models_dir / "tiny-tokenizer"
-    if not tok_dir.exists():
-        factory.make_tiny_tokenizer(tok_dir)
-    target = models_dir / "tiny"
-    if not target.exists():
-        factory.make_target(target, tok_dir, "llama", layers=2, seed=7, scale=1.6)
+    target = factory.tiny_target(models_dir)
     return target, {head: make_head(models_dir / f"tiny-dspark-{head}", target, head, scale=2.0, taps=(0, 1),
                                     block_size=7, head_scale=0.5, markov_scale=3.0) for head in ("gated", "rnn")}
 
@@ -141,13 +136,10 @@ def test_sampling_follows_target(tiny_rnn, head):
     """Rejection sampling against each slot's head-conditioned q, k = 2..7 drafts a round pooled."""
     target, drafters = tiny_rnn
     model, tok = mlx_spec.load(str(target), drafter=str(drafters[head]), mode="dspark")
-    params = SamplingParams(temperature=0.8, top_p=0.9, logit_bias={2: -2.0, 4: 0.8})
-    exact = exact_joint(model.model, tok.encode(TINY_PROMPT), params, TINY_N, eos=set(tok.eos_token_ids))
-    runs = 500
-    counts = count_runs(model, tok, params, runs, TINY_PROMPT, TINY_N, blocks=tuple(range(3, 9)), seeded=False)
-    assert law_pvalue(exact, counts, runs, TINY_N) > 1e-3
-    accepted = [a for _, a in count_runs.positions]
-    assert accepted[1] >= 10 and accepted[0] - accepted[1] >= 10, count_runs.positions
+    p, accepted = checks.pooled_sampling(model, tok, SamplingParams(temperature=0.8, top_p=0.9,
+                                                                      logit_bias={2: -2.0, 4: 0.8}), 500)
+    assert p > 1e-3
+    assert accepted[1] >= 10 and accepted[0] - accepted[1] >= 10, accepted
 
 
 def test_mismatches_are_refused(tmp_path, target_dir):
@@ -175,13 +167,6 @@ def test_mismatches_are_refused(tmp_path, target_dir):
 
 
 def test_eval_drafter_and_bench_run_it(models_dir, target_dir, capsys):
-    from mlx_spec.cli import main
-
     path = make_head(models_dir / "dspark-rnn", target_dir, "rnn", scale=3.0)  # the rnn fixture's drafter
-    assert main(["eval-drafter", "--model", str(target_dir), "--drafter", str(path), "--mode", "dspark",
-                 "--max-tokens", "8", "--limit", "1"]) == 0
-    assert capsys.readouterr().out.strip()
-    assert main(["bench", "--model", str(target_dir), "--drafter", str(path), "--mode", "dspark",
-                 "--kinds", "code", "--max-tokens", "8", "--repeats", "1", "--block-sizes", "4", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["results"]
-    assert rows and all(r["identical"] for r in rows)
+    common = ["--model", str(target_dir), "--drafter", str(path), "--mode", "dspark"]
+    checks.assert_eval_drafter_and_bench_run(capsys, common, ["--max-tokens", "8", "--limit", "1"], 4)

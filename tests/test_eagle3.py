@@ -7,18 +7,15 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 import pytest
 from mlx.utils import tree_flatten
 
+import drafter_checks as checks
 import factory
 import mlx_spec
-from mlx_spec.cli import main
 from mlx_spec.drafters import checkpoint_kind
 from mlx_spec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Model
-from mlx_spec.engine.sampling import SamplingParams
 from test_lossless_greedy import PROMPTS, plain, spec
-from test_lossless_sampling import chi2_pvalue, count_runs, exact_joint
 
 BLOCKS = range(2, 9)
 
@@ -96,12 +93,7 @@ def test_greedy_identity_every_block(precision, target_dir, arch_q4, eagle, mode
     if precision != "fp32":
         target, drafter = arch_q4, make_eagle3(models_dir / "eagle3-q8", target_dir, draft_vocab=200, bits=8)
     model, tok = load(target, drafter)
-    for prompt in PROMPTS[: 2 if precision == "fp32" else 1]:
-        ref = plain(target, prompt, 24)
-        for block in BLOCKS:
-            got, last = spec(model, tok, prompt, 24, block_size=block)
-            assert got == ref, (precision, prompt, block)
-            assert last.spec.drafted > 0
+    checks.assert_greedy_identity(model, tok, target, PROMPTS[: 2 if precision == "fp32" else 1], BLOCKS, precision)
 
 
 def test_speculators_layout_and_hf_layer_ids(models_dir, target_dir):
@@ -145,55 +137,19 @@ def test_mismatch_is_refused(tmp_path, target_dir, eagle, edit, message):
         mlx_spec.load(str(target_dir), drafter=str(bad), mode="eagle3")
 
 
-def train(drafter, target, tokens: list[int], steps: int = 120, lr: float = 3e-3) -> None:
-    """Teacher-forced training on the target's own features: pair (g_j, x_{j+1}) predicts x_{j+2}."""
-    _, hidden = target(mx.array([tokens]), cache=None)
-    g = drafter.features(hidden)[:, :-2]
-    x, y = mx.array([tokens[1:-1]]), mx.array(tokens[2:])
-    module = drafter.model if hasattr(drafter, "model") else drafter.head
-
-    def loss_fn(_):
-        return nn.losses.cross_entropy(drafter.logits(drafter.step(g, x, None)), y).mean()
-
-    opt = optim.Adam(lr)
-    step = nn.value_and_grad(module, loss_fn)
-    for _ in range(steps):
-        loss, grads = step(None)
-        opt.update(module, grads)
-        mx.eval(module.parameters(), opt.state)
-    train.loss = loss.item()
-
-
-def first_draft_share(model, tok, prompt, n=64, block=4):
-    """The share of rounds whose first draft the target accepted (output checked against mlx-lm)."""
-    ref = plain(model.target_path, prompt, n)
-    got, last = spec(model, tok, prompt, n, block_size=block)
-    assert got == ref
-    return last.spec.accepted_per_position[0] / last.spec.drafted_per_position[0]
-
-
 def test_trained_head_is_accepted(models_dir, target_dir):
     """Decoding must pair features and tokens as training did (catch-up pair, pending row, trims): a head
     fitted to the target's greedy continuation (first step only) then has its first draft accepted in
     every round; untrained, hardly ever."""
     drafter = make_eagle3(models_dir / "eagle3-train", target_dir)
     model, tok = load(target_dir, drafter)
-    prompt = PROMPTS[0]
-    before = first_draft_share(model, tok, prompt)
-    train(model.drafter, model.target, tok.encode(prompt) + plain(target_dir, prompt, 64))
-    after = first_draft_share(model, tok, prompt)
-    assert before < 0.1 and after > 0.95, (before, after, train.loss)
-
-
-TINY_PROMPT, TINY_N = "dadcadbadc", 4
-LAW = SamplingParams(temperature=0.9, top_k=5, logit_bias={2: -2.0})
+    checks.assert_training_gets_accepted(model, tok, target_dir)
 
 
 @pytest.fixture(scope="module")
 def tiny(models_dir):
     """An 8-token target whose joint law is enumerable, and a flat EAGLE-3 head over 6 of its ids."""
-    tok_dir = factory.make_tiny_tokenizer(models_dir / "eagle3-tiny-tokenizer")
-    target = factory.make_target(models_dir / "eagle3-tiny", tok_dir, "llama", layers=2, seed=7, scale=1.6)
+    target = factory.tiny_target(models_dir, "eagle3-tiny")
     drafter = make_eagle3(models_dir / "eagle3-tiny-head", target, draft_vocab=6, aux_ids=[1, 0, 1], head_scale=0.3,
                           seed=3)
     return target, drafter
@@ -203,30 +159,18 @@ def test_sampling_follows_target_with_several_drafts(tiny):
     """Unseeded rejection sampling, pooled over 2..7 drafts a round; q lives on the draft vocabulary's
     ids only (zero elsewhere)."""
     model, tok = load(*tiny)
-    exact = exact_joint(model.model, tok.encode(TINY_PROMPT), LAW, TINY_N, eos=set(tok.eos_token_ids))
-    runs = 200
-    counts = count_runs(model, tok, LAW, runs, TINY_PROMPT, TINY_N, tuple(range(3, 9)), seeded=False)
-    assert chi2_pvalue(exact, counts, runs) > 1e-3
-    accepted = [a for _, a in count_runs.positions]
-    assert accepted[0] > 20 and accepted[1] > 5, count_runs.positions
+    p, accepted = checks.pooled_sampling(model, tok, checks.TINY_LAW, 200, joint=True)
+    assert p > 1e-3
+    assert accepted[0] > 20 and accepted[1] > 5, accepted
 
 
 def test_seeded_sampling_equals_plain_seeded_decoding(tiny):
     """Seeded requests draw position-keyed noise: the output is plain seeded decoding's, whatever the drafts."""
     model, tok = load(*tiny)
-    for seed in range(4):
-        params = SamplingParams(**{**LAW.__dict__, "seed": seed})
-        ref = spec(model, tok, TINY_PROMPT, 12, sampling=params, speculative=False)[0]
-        for block in (3, 8):
-            got, last = spec(model, tok, TINY_PROMPT, 12, sampling=params, block_size=block)
-            assert got == ref and last.spec.drafted > 0, (seed, block)
+    checks.assert_seeded_is_plain_seeded(model, tok, range(4))
 
 
 def test_eval_drafter_and_bench_run(target_dir, eagle, capsys):
     common = ["--model", str(target_dir), "--drafter", str(eagle), "--mode", "eagle3"]
-    assert main(["eval-drafter", *common, "--max-tokens", "12", "--limit", "2", "--block-size", "4"]) == 0
-    assert capsys.readouterr().out.strip()  # the τ table
-    assert main(["bench", *common, "--kinds", "code", "--max-tokens", "8", "--repeats", "1", "--block-sizes", "3",
-                 "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["results"]
-    assert rows and all(r["identical"] and r["mode"] == "eagle3" for r in rows)
+    checks.assert_eval_drafter_and_bench_run(capsys, common, ["--max-tokens", "12", "--limit", "2", "--block-size", "4"],
+                                             3, mode="eagle3")

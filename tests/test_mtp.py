@@ -3,22 +3,18 @@ N), in Hugging Face's layout: auto picks them, greedy identity with mlx-lm at ev
 converted target, exact sampling with several drafts a round, refusals, a trained head is accepted, and
 eval-drafter / bench run with --mode mtp."""
 
-import json
 from types import SimpleNamespace
 
 import mlx.core as mx
 import pytest
 
+import drafter_checks as checks
 import factory
 import mlx_spec
 import mtp_checkpoints as ckpt
-from mlx_spec.cli import main
 from mlx_spec.drafters import checkpoint_kind
 from mlx_spec.drafters.mtp import MTPDrafter, has_mtp, mtp_tensor_names
-from mlx_spec.engine.sampling import SamplingParams
-from test_eagle3 import first_draft_share, train
 from test_lossless_greedy import PROMPTS, plain, spec
-from test_lossless_sampling import chi2_pvalue, count_runs, exact_joint
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +54,7 @@ def test_greedy_identity_every_block(family, qwen35, glm, models_dir):
         target = ckpt.converted(qwen35, models_dir / "mtp-qwen35-q8", 8)
     model, tok = load(target)
     blocks = range(2, 9) if family == "qwen35" else (2, 4, 8)
-    for prompt in PROMPTS[:1]:
-        ref = plain(target, prompt, 24)
-        for block in blocks:
-            got, last = spec(model, tok, prompt, 24, block_size=block)
-            assert got == ref, (family, prompt, block)
-            assert last.spec.drafted > 0
+    checks.assert_greedy_identity(model, tok, target, PROMPTS[:1], blocks, family)
 
 
 def test_split_head_folder(qwen35, models_dir):
@@ -97,15 +88,7 @@ def test_trained_head_is_accepted(qwen35, models_dir):
     """Fitted (first step only) to the hybrid target's greedy continuation, the head's first draft is accepted
     in every round: decoding pairs h_t (last layer, after the final norm) with x_{t+1} as training did."""
     model, tok = load(qwen35)
-    prompt = PROMPTS[0]
-    before = first_draft_share(model, tok, prompt)
-    train(model.drafter, model.target, tok.encode(prompt) + plain(qwen35, prompt, 64))
-    after = first_draft_share(model, tok, prompt)
-    assert before < 0.1 and after > 0.95, (before, after, train.loss)
-
-
-TINY_PROMPT, TINY_N = "dadcadbadc", 4
-LAW = SamplingParams(temperature=0.9, top_k=5, logit_bias={2: -2.0})
+    checks.assert_training_gets_accepted(model, tok, qwen35)
 
 
 @pytest.fixture(scope="module")
@@ -128,32 +111,20 @@ class WithVocab:
 def test_sampling_follows_target_with_several_drafts(tiny):
     """Unseeded rejection sampling on a hybrid target, pooled over 2..7 drafts a round."""
     model, tok = load(tiny)
-    exact = exact_joint(WithVocab(model.model, model.vocab_size), tok.encode(TINY_PROMPT), LAW, TINY_N,
-                        eos=set(tok.eos_token_ids))
-    runs = 160
-    counts = count_runs(model, tok, LAW, runs, TINY_PROMPT, TINY_N, tuple(range(3, 9)), seeded=False)
-    assert chi2_pvalue(exact, counts, runs) > 1e-3
-    accepted = [a for _, a in count_runs.positions]
-    assert accepted[0] > 10 and accepted[1] > 3, count_runs.positions
+    p, accepted = checks.pooled_sampling(model, tok, checks.TINY_LAW, 160, joint=True,
+                                         law_model=WithVocab(model.model, model.vocab_size))
+    assert p > 1e-3
+    assert accepted[0] > 10 and accepted[1] > 3, accepted
 
 
 def test_seeded_sampling_equals_plain_seeded_decoding(tiny):
     model, tok = load(tiny)
-    for seed in range(3):
-        params = SamplingParams(**{**LAW.__dict__, "seed": seed})
-        ref = spec(model, tok, TINY_PROMPT, 12, sampling=params, speculative=False)[0]
-        for block in (3, 8):
-            got, last = spec(model, tok, TINY_PROMPT, 12, sampling=params, block_size=block)
-            assert got == ref and last.spec.drafted > 0, (seed, block)
+    checks.assert_seeded_is_plain_seeded(model, tok, range(3))
 
 
 def test_eval_drafter_and_bench_run(glm, capsys):
     common = ["--model", str(glm), "--mode", "mtp"]  # no --drafter: the target's own head
-    assert main(["eval-drafter", *common, "--max-tokens", "12", "--limit", "2", "--block-size", "3"]) == 0
-    assert capsys.readouterr().out.strip()
-    assert main(["bench", *common, "--kinds", "code", "--max-tokens", "8", "--repeats", "1", "--block-sizes", "3",
-                 "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)["results"]
-    assert rows and all(r["identical"] and r["mode"] == "mtp" for r in rows)
+    checks.assert_eval_drafter_and_bench_run(capsys, common, ["--max-tokens", "12", "--limit", "2", "--block-size", "3"],
+                                             3, mode="mtp")
 
 

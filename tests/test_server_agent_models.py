@@ -9,7 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
-import mlx_spec
+import test_server_harness as harness
 
 # A Qwen3-style template: tools in a system turn, `<think>` reasoning, `<tool_call>` JSON, `enable_thinking`.
 THINKING_TEMPLATE = (
@@ -50,33 +50,6 @@ def with_template(src: Path, out: Path, template: str, tool_parser: str | None =
     return out
 
 
-class PlayBack:
-    """Stands in for `mlx_spec.Generation`, playing back scripted text pieces."""
-
-    def __init__(self, responses):
-        self.responses, self.finished = responses, False
-
-    def prefill(self, chunk):
-        yield self.advance()
-
-    def advance(self):
-        r = next(self.responses)
-        self.finished = r.finish_reason is not None
-        return r
-
-
-def script(pieces: list[str], finish: str = "stop"):
-    """A make_generation stand-in whose every request replies with `pieces`, one per round."""
-
-    def replies(ids):
-        for i, text in enumerate(pieces):
-            yield mlx_spec.GenerationResponse(text=text, token=1, tokens=[1], prompt_tokens=len(ids), prompt_tps=0.0,
-                                              generation_tokens=i + 1, generation_tps=0.0, peak_memory=0.0,
-                                              finish_reason=finish if i == len(pieces) - 1 else None)
-
-    return lambda model, tok, ids, max_tokens, **kw: PlayBack(replies(ids))
-
-
 def play_back(monkeypatch, pieces: list[str]) -> None:
-    monkeypatch.setattr(mlx_spec, "make_generation", script(pieces))
-    monkeypatch.setattr(mlx_spec, "step_all", lambda model, gens: [g.advance() for g in gens])
+    """Every request replies with `pieces`, one per round."""
+    harness.play_back(monkeypatch, harness.script(pieces))

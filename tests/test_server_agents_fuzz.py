@@ -7,10 +7,8 @@ nesting get through), with each API's own fields, and errors checked in each API
 import json
 import random
 
-import pytest
-
-from test_server_fuzz import JSON, LEAKS, NESTED, SCALARS, STRINGS, VALUES, deep
-from test_server_harness import serve
+from test_server_fuzz import NESTED, SCALARS, STRINGS, VALUES, check, deep
+from test_server_harness import server_fixture
 
 ANY = VALUES + ['{"type":"text","text":"hi"}', '[{"type":"text","text":"hi"}]', '{"type":"auto"}', '{"x":1}']
 
@@ -72,25 +70,7 @@ def responses_body(rng) -> str:
     return "{" + ",".join(f'"{k}":{v}' for k, v in fields.items()) + "}"
 
 
-@pytest.fixture(scope="module")
-def server(target_dir):
-    s = serve(target_dir, request_timeout=1.0)
-    yield s
-    s.stop()
-
-
-def check(http, path: str, text: str) -> int:
-    r = http.post(path, content=text.encode(), headers=JSON)
-    shown = f"{path} {text[:300]} -> {r.status_code} {r.text[:300]}"
-    assert r.status_code < 500, shown
-    assert not LEAKS.search(r.text), shown
-    if r.status_code >= 400:
-        body = r.json()
-        if path.startswith("/v1/messages"):
-            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, shown
-        else:
-            assert set(body["error"]) >= {"message", "type", "param", "code"}, shown
-    return r.status_code
+server = server_fixture(request_timeout=1.0)
 
 
 def test_fuzz_the_agent_apis(server):

@@ -8,7 +8,7 @@ import openai
 import pytest
 
 import mlx_spec
-from test_server_harness import EOS_BIAS, serve, sse_events
+from test_server_harness import EOS_BIAS, play_back, script, serve, sse_events
 
 HELLO = [{"role": "user", "content": "Hello, how are you"}]
 
@@ -223,26 +223,6 @@ def test_metrics(server):
     assert server.metric("request_success_total", finished_reason="length") > 0
 
 
-class PlayBack:
-    """Stands in for `mlx_spec.Generation`, playing back scripted responses (or raising)."""
-
-    def __init__(self, responses):
-        self.responses, self.finished = responses, False
-
-    def prefill(self, chunk):
-        yield self.advance()
-
-    def advance(self):
-        r = next(self.responses)
-        self.finished = r.finish_reason is not None
-        return r
-
-
-def play_back(monkeypatch, script):
-    monkeypatch.setattr(mlx_spec, "make_generation", lambda model, tok, ids, max_tokens, **kw: PlayBack(script(ids)))
-    monkeypatch.setattr(mlx_spec, "step_all", lambda model, gens: [g.advance() for g in gens])
-
-
 @pytest.fixture()
 def tool_server(tmp_path, target_dir, monkeypatch):
     """A model whose tokenizer declares Hermes-style tool calls, generating a scripted reply."""
@@ -252,13 +232,7 @@ def tool_server(tmp_path, target_dir, monkeypatch):
     (model_dir / "tokenizer_config.json").write_text(json.dumps({**cfg, "tool_parser_type": "json_tools"}))
     pieces = ["Let me check. <tool", '_call>\n{"name": "get_weather", ', '"arguments": {"city": "Paris"}}\n</tool_call>']
 
-    def scripted(ids):
-        for i, text in enumerate(pieces):
-            yield mlx_spec.GenerationResponse(text=text, token=1, tokens=[1], prompt_tokens=len(ids), prompt_tps=0.0,
-                                              generation_tokens=i + 1, generation_tps=0.0, peak_memory=0.0,
-                                              finish_reason="stop" if i == len(pieces) - 1 else None)
-
-    play_back(monkeypatch, scripted)
+    play_back(monkeypatch, script(pieces))
     s = serve(model_dir)
     yield s
     s.stop()

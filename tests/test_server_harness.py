@@ -10,6 +10,9 @@ import time
 
 import httpx2 as httpx
 import openai
+import pytest
+
+import mlx_spec
 
 from mlx_spec.app.server.app import create_app
 from mlx_spec.app.server.config import ModelConfig, ServerConfig
@@ -78,6 +81,61 @@ class RunningServer:
 def serve(target, drafter=None, wait=True, **overrides) -> RunningServer:
     model = ModelConfig(target=str(target), drafter=drafter and str(drafter))
     return RunningServer(ServerConfig(model=model, **overrides), wait=wait)
+
+
+def server_fixture(**overrides):
+    """A module-scoped `server` fixture: the test target served with `overrides`, stopped after the module."""
+
+    @pytest.fixture(scope="module")
+    def server(target_dir):
+        s = serve(target_dir, **overrides)
+        yield s
+        s.stop()
+
+    return server
+
+
+def plain_library_fixture():
+    """A module-scoped `library` fixture: the test target loaded in-process without a drafter."""
+
+    @pytest.fixture(scope="module")
+    def library(target_dir):
+        return mlx_spec.load(target_dir, drafter=None)
+
+    return library
+
+
+class PlayBack:
+    """Stands in for `mlx_spec.Generation`, playing back scripted responses (or raising)."""
+
+    def __init__(self, responses):
+        self.responses, self.finished = responses, False
+
+    def prefill(self, chunk):
+        yield self.advance()
+
+    def advance(self):
+        r = next(self.responses)
+        self.finished = r.finish_reason is not None
+        return r
+
+
+def script(pieces: list[str], finish: str = "stop"):
+    """A play_back script whose every request replies with `pieces`, one per round."""
+
+    def replies(ids):
+        for i, text in enumerate(pieces):
+            yield mlx_spec.GenerationResponse(text=text, token=1, tokens=[1], prompt_tokens=len(ids), prompt_tps=0.0,
+                                              generation_tokens=i + 1, generation_tps=0.0, peak_memory=0.0,
+                                              finish_reason=finish if i == len(pieces) - 1 else None)
+
+    return replies
+
+
+def play_back(monkeypatch, script):
+    """Every request the server starts plays back `script(prompt_ids)`, an iterator of responses."""
+    monkeypatch.setattr(mlx_spec, "make_generation", lambda model, tok, ids, max_tokens, **kw: PlayBack(script(ids)))
+    monkeypatch.setattr(mlx_spec, "step_all", lambda model, gens: [g.advance() for g in gens])
 
 
 def sse_events(lines) -> list:

@@ -3,22 +3,14 @@
 import pytest
 
 import mlx_spec
-from test_server_harness import EOS_BIAS, serve
+from test_server_harness import EOS_BIAS, plain_library_fixture, server_fixture
 
 HELLO = [{"role": "user", "content": "Hello, how are you"}]
 TINY = [1e-50, 5e-324, 1e-30, 9e-6]
 
 
-@pytest.fixture(scope="module")
-def server(target_dir):
-    s = serve(target_dir)
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
-def library(target_dir):
-    return mlx_spec.load(target_dir, drafter=None)
+server = server_fixture()
+library = plain_library_fixture()
 
 
 def test_tiny_temperatures_and_top_p_give_exactly_the_greedy_reply(server):
