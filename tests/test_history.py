@@ -131,7 +131,7 @@ def test_chat_learn_records_each_reply(target_dir, drafter_dir, tmp_path):
     out = Output()
     out.out, out.err = Console(file=io.StringIO()), Console(file=io.StringIO())
     chat = Chat(Session(model, tok), Worker(), LineInput(io.StringIO("hello\nhow are you\n")), out,
-                Settings(max_tokens=8), recorder=store)
+                Settings(max_tokens=8, block_size=4), recorder=store)  # a fixed block: it drafts on any machine
     assert chat.run() == 0
     got = store.records()
     assert len(got) == 2 and all(len(r.output) >= 1 for r in got)
@@ -145,7 +145,8 @@ def test_serve_learn_records_finished_requests(target_dir, drafter_dir):
 
     from mlx_spec.app.server.config import LearnConfig, ModelConfig, ServerConfig
 
-    cfg = ServerConfig(model=ModelConfig(target=str(target_dir), drafter=str(drafter_dir)), learn=LearnConfig(record=True))
+    model = ModelConfig(target=str(target_dir), drafter=str(drafter_dir), block_size=4)  # drafts on any machine
+    cfg = ServerConfig(model=model, learn=LearnConfig(record=True))
     server = RunningServer(cfg)
     try:
         client = server.client()
