@@ -72,7 +72,7 @@ def test_batched_equals_alone(target_dir, drafter_dir, drafter_kind, monkeypatch
     assert together.left_mid_flight  # and some requests left while others went on
 
 
-def test_sliding_window_models_fall_back_to_one_at_a_time(models_dir, tokenizer_dir):
+def test_sliding_window_models_batched_equal_alone(models_dir, tokenizer_dir):
     target = models_dir / "arch-gemma3_text"
     if not target.exists():
         factory.make_target(target, tokenizer_dir, "gemma3_text", seed=3)
