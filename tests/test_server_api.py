@@ -15,7 +15,8 @@ HELLO = [{"role": "user", "content": "Hello, how are you"}]
 
 @pytest.fixture(scope="module")
 def server(target_dir, drafter_dir):
-    s = serve(target_dir, drafter_dir, max_active=4, keepalive_interval=0.5)
+    # A fixed block: the stats below must show drafts on any machine (the adaptive controller may stay plain).
+    s = serve(target_dir, drafter_dir, block_size=4, max_active=4, keepalive_interval=0.5)
     yield s
     s.stop()
 

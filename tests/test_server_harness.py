@@ -78,8 +78,8 @@ class RunningServer:
         self.thread.join(30)
 
 
-def serve(target, drafter=None, wait=True, **overrides) -> RunningServer:
-    model = ModelConfig(target=str(target), drafter=drafter and str(drafter))
+def serve(target, drafter=None, wait=True, block_size=None, **overrides) -> RunningServer:
+    model = ModelConfig(target=str(target), drafter=drafter and str(drafter), block_size=block_size)
     return RunningServer(ServerConfig(model=model, **overrides), wait=wait)
 
 
