@@ -7,6 +7,8 @@ works, whatever the layer type (attention, Gated DeltaNet, Mamba2, convolution).
 
 from __future__ import annotations
 
+from functools import cached_property
+
 import mlx.core as mx
 import mlx.nn as nn
 
@@ -69,10 +71,6 @@ def find_layers(model: nn.Module) -> tuple[nn.Module, nn.Module, list]:
     raise LoadError(f"{type(model).__module__} does not expose its decoder layers; cannot tap hidden states")
 
 
-def decoder_layers(model: nn.Module) -> list:
-    return find_layers(model)[2]
-
-
 def _first(module: nn.Module, names: tuple[str, ...]):
     return next((module[n] for n in names if isinstance(module.get(n), nn.Module)), None)
 
@@ -86,6 +84,8 @@ class Target:
 
     def __init__(self, model: nn.Module, tap_ids: list[int] | tuple[int, ...] = (), kernels=None, eval_every: int = 0):
         self.model = model
+        # Where the layers, embedding and head sit never changes: found once, not on every drafted round.
+        self._owner, self._parent, self._layers = find_layers(model)
         self.kernels = kernels  # KernelConfig for verify-width Metal kernels; None: plain MLX
         self.eval_every = eval_every  # start computing every n decoder layers (0: only at the end)
         self._sink = _Sink()
@@ -93,10 +93,10 @@ class Target:
 
     @property
     def num_layers(self) -> int:
-        return len(decoder_layers(self.model))
+        return len(self._layers)
 
     def _install(self, ids):
-        layers = decoder_layers(self.model)
+        layers = self._layers
         for i, layer in enumerate(layers):
             inner = layer.inner if isinstance(layer, LayerTap) else layer
             n = self.eval_every
@@ -121,26 +121,28 @@ class Target:
         return logits.astype(mx.float32), hidden
 
     # The drafter borrows the target's embedding and LM head.
+    @cached_property
     def _embedding(self) -> nn.Module:
-        owner, parent, _ = find_layers(self.model)
-        emb = _first(owner, EMBEDDINGS) or _first(parent, EMBEDDINGS)
+        emb = _first(self._owner, EMBEDDINGS) or _first(self._parent, EMBEDDINGS)
         if emb is None:
             raise LoadError(f"cannot find the embedding of {self.model_type}")
         return emb
 
+    @cached_property
+    def _head(self):
+        """The LM head (qwen3_5: under `language_model`; most: the model itself), or tied embeddings."""
+        holder = next((m for m in (self._parent, self.model) if isinstance(m.get("lm_head"), nn.Module)), None)
+        return holder["lm_head"] if holder is not None else self._embedding.as_linear
+
     def embed(self, tokens: mx.array) -> mx.array:
-        emb = self._embedding()
+        emb = self._embedding
         h = emb(tokens)
         if self.model_type.startswith("gemma"):
             h = h * mx.array(emb.weight.shape[-1] ** 0.5, h.dtype)
         return h
 
     def lm_head(self, h: mx.array) -> mx.array:
-        _, parent, _ = find_layers(self.model)
-        for holder in (parent, self.model):  # qwen3_5: under `language_model`; most: the model itself
-            if isinstance(holder.get("lm_head"), nn.Module):
-                return holder["lm_head"](h)
-        return self._embedding().as_linear(h)  # tied embeddings
+        return self._head(h)
 
     def check_speculation(self) -> None:
         """Refuse (at load) a target whose caches cannot roll back exactly; plain decoding needs no check."""
@@ -164,7 +166,7 @@ class Target:
         self.set_taps((self.num_layers - 1,))
         try:
             logits, hidden = self(mx.array([tokens]), cache=None)
-            norm = _first(find_layers(self.model)[0], FINAL_NORMS)
+            norm = _first(self._owner, FINAL_NORMS)
             if norm is None:
                 return
             mine = self.lm_head(norm(hidden)).astype(mx.float32)

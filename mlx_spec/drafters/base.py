@@ -7,7 +7,7 @@ from typing import Protocol
 
 import mlx.core as mx
 
-from ..errors import DrafterMismatchError
+from ..errors import DrafterMismatchError, LoadError
 
 
 @dataclass
@@ -47,3 +47,11 @@ def load_strict(module, weights: dict, path, against: str = "its config", what: 
     except ValueError as e:
         raise DrafterMismatchError(f"{path}: {what} do not match {against} ({' '.join(str(e).split())[:240]})") from None
     mx.eval(module.parameters())
+
+
+def parse_config(cls, raw: dict, path):
+    """`cls.from_dict(raw)`; a missing key is the checkpoint's, named in one line."""
+    try:
+        return cls.from_dict(raw)
+    except KeyError as e:
+        raise LoadError(f"{path}/config.json lacks {e.args[0]!r}") from None

@@ -20,7 +20,7 @@ from mlx_lm.models.rope_utils import initialize_rope
 
 from ..errors import DrafterMismatchError, LoadError
 from ..model_files import check_safetensors, read_config
-from .base import Draft, load_strict
+from .base import Draft, load_strict, parse_config
 
 
 @dataclass
@@ -286,10 +286,7 @@ def load_dflash(path: Path, target, target_config: dict) -> DFlashDrafter:
             "mtp": "an MTP head, not a DFlash drafter (load it with --mode mtp or auto)",
         }.get(kind, "not a DFlash drafter")
         raise DrafterMismatchError(f"{path} is {hint}")
-    try:
-        cfg = DFlashConfig.from_dict(raw)
-    except KeyError as e:
-        raise LoadError(f"{path}/config.json lacks {e.args[0]!r}") from None
+    cfg = parse_config(DFlashConfig, raw, path)
     check_fit(cfg, target, target_config, path)
     return fill(DFlashDrafter(cfg), weights, path).bind(target)
 

@@ -23,9 +23,9 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import DrafterMismatchError, LoadError
+from ..errors import DrafterMismatchError
 from ..model_files import read_config
-from .base import Draft
+from .base import Draft, parse_config
 from .dflash import DFlashConfig, DFlashDrafter, DFlashLayer, check_fit, detect_kind, fill, read_weights
 
 
@@ -147,10 +147,7 @@ def load_dflash2(path: Path, target, target_config: dict) -> DFlash2Drafter:
     kind = detect_kind(raw, set(weights))
     if kind != "dflash2":
         raise DrafterMismatchError(f"{path} is not a DFlash 2 drafter (it reads as {kind}; try --mode auto)")
-    try:
-        cfg = DFlash2Config.from_dict(raw)
-    except KeyError as e:
-        raise LoadError(f"{path}/config.json lacks {e.args[0]!r}") from None
+    cfg = parse_config(DFlash2Config, raw, path)
     check_fit(cfg, target, target_config, path)
     problems = []
     if cfg.conv_group_size <= 0 or cfg.hidden_size % cfg.conv_group_size:

@@ -27,7 +27,7 @@ import mlx.nn as nn
 
 from ..errors import LoadError
 from ..model_files import check_safetensors, read_config
-from .base import Draft, load_strict
+from .base import Draft, load_strict, parse_config
 from .dflash import DFlashConfig, DFlashDrafter, check_fit
 
 
@@ -149,10 +149,7 @@ def load_dspark(path: Path, target, target_config: dict) -> DSparkDrafter:
     if rule not in ("survival", "step"):
         raise LoadError(f"{path}: confidence_rule {rule!r} is not 'survival' or 'step'")
     nested = {k: raw[k] for k in ("mask_token_id", "target_layer_ids", "block_size") if k in raw}
-    try:
-        cfg = DFlashConfig.from_dict({**raw, "dflash_config": {**nested, **(raw.get("dflash_config") or {})}})
-    except KeyError as e:
-        raise LoadError(f"{path}/config.json lacks {e.args[0]!r}") from None
+    cfg = parse_config(DFlashConfig, {**raw, "dflash_config": {**nested, **(raw.get("dflash_config") or {})}}, path)
     cfg.extra["gemma"] = str(raw.get("model_type", "")).startswith("gemma")
     check_fit(cfg, target, target_config, path)
     weights = {}

@@ -18,7 +18,7 @@ from mlx_lm.models import llama
 
 from ..errors import DrafterMismatchError, LoadError
 from ..model_files import check_safetensors, read_config, text_config
-from .base import load_strict
+from .base import load_strict, parse_config
 from .chain import ChainDrafter, causal_mask, quantize_like
 
 
@@ -174,10 +174,7 @@ def load_eagle3(path: Path, target, target_config: dict, block_size: int | None 
         weights.update(mx.load(str(f)))
     weights = {new: v for k, v in weights.items() if (new := _rename(k)) is not None}
     d2t = weights.pop("d2t", None)
-    try:
-        cfg = Eagle3Config.from_dict(raw)
-    except KeyError as e:
-        raise LoadError(f"{path}/config.json lacks {e.args[0]!r}") from None
+    cfg = parse_config(Eagle3Config, raw, path)
     taps = cfg.tap_layers(target.num_layers)
     check_fit(cfg, taps, d2t, "embed_tokens.weight" in weights, target, target_config, path)
     model = Eagle3Model(cfg, own_embedding="embed_tokens.weight" in weights)
