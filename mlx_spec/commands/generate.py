@@ -14,17 +14,21 @@ def add_arguments(p) -> None:
                    help="the prompt ('-' reads standard input)")
     p.add_argument("--system", default=None, help="system message for the chat template")
     p.add_argument("--raw", action="store_true", help="complete the prompt as plain text, without the chat template")
+    from ..distributed.cli import add_distributed_arguments
+
+    add_distributed_arguments(p)
 
 
 def run(args) -> int:
     from ..generate import stream_generate
 
     prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if args.distributed:
+        from ..distributed.cli import run_generate
+
+        return run_generate(args, prompt, chat_prompt)
     model, tokenizer = load_from(args)
-    if not args.raw and tokenizer.has_chat_template:
-        messages = ([{"role": "system", "content": args.system}] if args.system else []) + [
-            {"role": "user", "content": prompt}]
-        prompt = messages
+    prompt = chat_prompt(args, tokenizer, prompt)
     last = None
     for last in stream_generate(model, tokenizer, prompt, args.max_tokens, sampling=sampling_from(args),
                                 stop=args.stop, block_size=args.block_size):
@@ -32,6 +36,13 @@ def run(args) -> int:
     print()
     print(summary(last, model.drafter is not None), file=sys.stderr)
     return 0
+
+
+def chat_prompt(args, tokenizer, prompt):
+    """The prompt as chat messages, unless --raw or the tokenizer has no chat template."""
+    if args.raw or not tokenizer.has_chat_template:
+        return prompt
+    return ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": prompt}]
 
 
 def summary(r, speculative: bool) -> str:

@@ -1,0 +1,143 @@
+"""A pipeline stage of the target: this rank's decoder layers, wired to the stages before and after.
+
+The model's own forward runs untouched over the rank's layer list (only its own layers: caches,
+masks and RoPE offsets come out as in one process). Two wrappers around the end layers move data:
+
+- `Enter` (first local layer): replaces the embedding with the activations the previous stage sent,
+  [B, M, H] followed by the tapped hidden states of the layers before this stage;
+- `Leave` (last local layer, all but the last stage): sends its output, those taps and its own taps
+  to the next stage, and starts the send at once, so that a pass whose outputs nobody reads (a
+  prefill chunk, a replay) still feeds the next stage.
+
+On the last stage the taps arrive in layer order, as one process's taps do; its logits are shared
+with every rank (an all_sum to which the other ranks add zeros: bitwise the last stage's values).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..target import LayerTap, Target
+from ..errors import LoadError
+from .layout import Layout
+
+
+class _Link:
+    """What the wrappers of one pass share: the taps received from upstream, where this pass's
+    local taps start in the sink."""
+
+    def __init__(self, layout: Layout, group, sink, n_upstream: int):
+        self.layout, self.group, self.sink, self.n_upstream = layout, group, sink, n_upstream
+        self.upstream: mx.array | None = None
+        self.mark = 0
+
+    def local_taps(self) -> list[mx.array]:
+        return self.sink.values[self.mark :]
+
+
+class _Wrapper(nn.Module):
+    def __init__(self, inner: nn.Module, link: _Link):
+        super().__init__()
+        self.inner = inner
+        self._link = link
+
+    def __getattr__(self, key):  # mlx-lm inspects layers (`layer.is_linear`, ...): forward it
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "inner" not in self:
+                raise
+            return getattr(self["inner"], key)
+
+
+class Enter(_Wrapper):
+    def __call__(self, x, *args, **kwargs):
+        link = self._link
+        link.mark, link.upstream = len(link.sink.values), None
+        if link.layout.source is not None:
+            h = x.shape[-1]
+            payload = mx.distributed.recv((*x.shape[:-1], h * (1 + link.n_upstream)), x.dtype,
+                                          link.layout.source, group=link.group)
+            x = payload[..., :h]
+            link.upstream = payload[..., h:] if link.n_upstream else None
+        return self.inner(x, *args, **kwargs)
+
+
+class Leave(_Wrapper):
+    def __call__(self, *args, **kwargs):
+        out = self.inner(*args, **kwargs)
+        link = self._link
+        parts = [out] + ([link.upstream] if link.upstream is not None else []) + link.local_taps()
+        payload = mx.concatenate([p.astype(out.dtype) for p in parts], axis=-1) if len(parts) > 1 else out
+        sent = mx.distributed.send(payload, link.layout.dest, group=link.group)
+        mx.async_eval(sent)
+        return out
+
+
+def _unwrap(layer):
+    while isinstance(layer, (LayerTap, _Wrapper)):
+        layer = layer.inner
+    return layer
+
+
+class PipelineTarget(Target):
+    """The `Target` of one rank: its own layers; taps and `num_layers` in the whole model's numbering."""
+
+    def __init__(self, model: nn.Module, layout: Layout, group, vocab_size: int, kernels=None, eval_every: int = 0):
+        self.layout, self.group, self.vocab_size = layout, group, vocab_size
+        self._link = None
+        super().__init__(model, (), kernels=kernels, eval_every=eval_every)
+        if len(self._layers) != layout.end - layout.start:
+            raise LoadError(f"rank {layout.rank} holds {len(self._layers)} layers, its stage has "
+                            f"{layout.end - layout.start}")
+        from ..engine.cache import body
+
+        self._body = body(model)
+
+    @property
+    def num_layers(self) -> int:
+        return self.layout.num_layers
+
+    def set_taps(self, ids) -> None:
+        for i in ids:
+            if not 0 <= i < self.num_layers:
+                raise LoadError(f"tap layer {i} is out of range for a target with {self.num_layers} layers")
+        self.tap_ids = tuple(ids)
+        self._install(self.tap_ids)
+
+    def _install(self, ids):
+        lay, layers = self.layout, self._layers
+        self._link = _Link(lay, self.group, self._sink, sum(i < lay.start for i in set(ids)))
+        n, last = self.eval_every, len(layers) - 1
+        for j in range(len(layers)):
+            layer = _unwrap(layers[j])
+            start = n > 0 and j % n == n - 1 and j < last
+            tap = self._sink if lay.start + j in ids else None
+            if tap is not None or start:
+                layer = LayerTap(layer, tap, start)
+            if j == last and lay.dest is not None:
+                layer = Leave(layer, self._link)
+            if j == 0:
+                layer = Enter(layer, self._link)
+            layers[j] = layer
+
+    def __call__(self, tokens: mx.array, cache) -> tuple[mx.array, mx.array | None]:
+        shape = (*tokens.shape, self.vocab_size)
+        if not self.layout.is_last:
+            self._body(tokens, cache=cache)  # Leave has started the send; nothing here is read
+            self._sink.values.clear()
+            return mx.distributed.all_sum(mx.zeros(shape, mx.float32), group=self.group), None
+        logits = self.model(tokens, cache=cache).astype(mx.float32)
+        if logits.shape != shape:
+            raise LoadError(f"the target's logits are {logits.shape}, expected {shape} (vocab_size in config.json)")
+        hidden = None
+        if self.tap_ids:
+            link = self._link
+            parts = ([link.upstream] if link.upstream is not None else []) + link.local_taps()
+            hidden = mx.concatenate(parts, axis=-1)
+        self._sink.values.clear()
+        return mx.distributed.all_sum(logits, group=self.group), hidden
+
+    def check_taps(self, tokens: list[int]) -> None:
+        """The one-process check needs the final norm and every layer on one rank; skipped here."""
