@@ -4,7 +4,7 @@ For each family (tiny random models in the on-disk format): plain decoding works
 speculative output equals mlx-lm's plain greedy token for token with oracle drafters that accept
 nothing, everything or a part (so recurrent states are rewound and replayed after partial
 acceptance), with a DFlash drafter tapping its layers (linear-attention ones included), with prompt
-lookup and with a draft model; multi-turn reuse equals a fresh run.
+lookup and with a draft model; multi-turn reuse equals a fresh run. (8-bit and 4-bit: test_hybrid_quantized.py.)
 """
 
 import mlx_lm
@@ -58,14 +58,19 @@ def test_oracle_drafters_match_plain_greedy(family):
 
 @pytest.mark.parametrize("mode", ["dflash", "lookup", "draft-model"])
 def test_drafters_match_plain_greedy(family, mode):
-    """A DFlash drafter tapping a linear-attention layer (0) and an attention one (1); lookup; a draft model."""
+    """A DFlash drafter (block 16) tapping a linear-attention layer (0) and an attention one (1), drafting
+    blocks of 2 and 16; lookup; a draft model."""
     name, target = family
-    drafter = {"dflash": lambda: factory.make_drafter(target.parent / f"{target.name}-dflash", target, taps=(0, 1),
-                                                      block_size=6),
+    drafter = {"dflash": lambda: factory.make_drafter(target.parent / f"{target.name}-dflash16", target, taps=(0, 1),
+                                                      block_size=16),
                "lookup": lambda: "auto", "draft-model": lambda: target}[mode]()
     model, tok = mlx_spec.load(str(target), drafter=str(drafter), mode=mode)
-    got, last = spec(model, tok, PROMPT, block_size=min(4, model.drafter.block_size))
-    assert got == plain(target), (name, mode)
+    ref = plain(target)
+    for block in (2, 16) if mode == "dflash" else (4,):
+        got, last = spec(model, tok, PROMPT, block_size=block)
+        assert got == ref, (name, mode, block)
+        if mode == "dflash":  # full blocks in most rounds (the last ones are capped by max_tokens)
+            assert last.spec.drafted >= (block - 1) * last.spec.rounds // 2, (name, block)
     if mode == "draft-model":  # the target drafting for itself: every draft is accepted
         assert last.spec.accepted == last.spec.drafted
 
@@ -88,23 +93,6 @@ def test_multi_turn_reuse_matches_fresh(family):
         assert last.cached_tokens < last.prompt_tokens  # (the prompt as the library tokenized it)
     recurrent = [c for c in cache.cache if isinstance(c, RecurrentCache)]
     assert all(c.offset == len(cache.tokens) for c in recurrent)
-
-
-@pytest.mark.parametrize("name", ["qwen3_5", "nemotron_h"])
-def test_quantized_partial_acceptance(name, models_dir, tokenizer_dir):
-    """8-bit and 4-bit: a Gated DeltaNet and a Mamba2 hybrid still decode exactly after partial acceptance."""
-    src = archs.make(models_dir / f"hy-{name}", tokenizer_dir, name, seed=3)
-    for bits in (8, 4):
-        target = models_dir / f"hy-{name}-q{bits}"
-        if not target.exists():
-            factory.quantize(src, target, bits=bits)
-        ref = plain(target)
-        model, tok = mlx_spec.load(str(target), drafter=None)
-        assert "Quantized" in str([type(m).__name__ for _, m in model.target.model.named_modules()])
-        ids = tok.encode(PROMPT)
-        for block in (3, 8):
-            model.drafter = factory.OracleDrafter(ids + ref, block, 0.3, seed=block, vocab=300)
-            assert spec(model, tok, PROMPT, block_size=block)[0] == ref, (name, bits, block)
 
 
 def test_untested_recurrent_architecture_is_refused_for_speculation_only(models_dir, tokenizer_dir, monkeypatch):
