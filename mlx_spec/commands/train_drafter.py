@@ -24,17 +24,27 @@ def add_arguments(p) -> None:
     p.add_argument("--data-temp", type=float, default=dd.temperature, help="temperature of the target's answers")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for τ")
+    p.add_argument("--loss", choices=("ce", "auf"), default=d.loss,
+                   help="ce: every block slot; auf (Accept-Until-Fail): slots up to the first wrong one")
+    p.add_argument("--sliding-window", type=int, default=None,
+                   help="drafter attends to the last N-1 context rows only (flat draft cost at long context)")
+    p.add_argument("--init-drafter", type=Path, default=None, help="fine-tune this drafter instead of a new one")
     p.add_argument("--seed", type=int, default=d.seed)
 
 
 def run(args) -> int:
     from rich.progress import Progress
 
+    from ..errors import MlxSpecError
     from ..loading import Loaded, load
     from ..train.data import DataConfig, builtin_prompts, generate_data, read_prompts
     from ..train.drafter import DrafterTrainConfig, train_drafter
     from ..train.evaluate import measure, table
 
+    if args.sliding_window is not None and args.sliding_window < 2:
+        raise MlxSpecError("--sliding-window must be at least 2 (the anchor's context row and one more)")
+    if args.sliding_window is not None and args.init_drafter is not None:
+        raise MlxSpecError("--sliding-window makes a new drafter; it cannot be combined with --init-drafter")
     model, tok = load(args.model, drafter=None)
     prompts = read_prompts(args.prompts or builtin_prompts())
     held_out = set(range(0, len(prompts), max(1, len(prompts) // max(1, args.eval_prompts)))) if args.eval_prompts else set()
@@ -55,9 +65,15 @@ def run(args) -> int:
         out=args.out, block_size=args.block_size, num_layers=args.layers,
         target_layer_ids=[int(x) for x in args.taps.split(",")] if args.taps else None, steps=args.steps,
         lr=args.lr, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
-        eval_every=args.eval_every, seed=args.seed,
+        eval_every=args.eval_every, seed=args.seed, loss=args.loss, sliding_window=args.sliding_window,
     )
-    path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None)
+    init = None
+    if args.init_drafter is not None:
+        from ..drafters.dflash import load_dflash
+
+        init = load_dflash(args.init_drafter, model.target, model.config)
+    path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None,
+                         init=init)
     print(f"drafter written to {path}")
     if evals:
         final, _ = load(str(model.target_path), drafter=str(path))

@@ -19,6 +19,14 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--layers", type=int, default=d.num_layers)
     p.add_argument("--hidden", type=int, default=d.hidden_size)
+    p.add_argument("--split", choices=("order", "source"), default=d.split,
+                   help="held-out documents: first of the shuffled order (shipped run) or by source file")
+    p.add_argument("--val-fraction", type=float, default=d.val_fraction)
+    p.add_argument("--tokenizer-from", type=Path, default=None, help="reuse this model folder's tokenizer")
+    p.add_argument("--long-code-chats", type=int, default=0, help="long-context mix: source excerpt + request chats")
+    p.add_argument("--long-chats", type=int, default=0, help="long-context mix: joined multi-turn chats")
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--init-from", type=Path, default=None, help="start from an exported model's weights")
     p.add_argument("--quantize-8bit", type=Path, default=None, help="also write an 8-bit copy here")
 
@@ -29,8 +37,11 @@ def run(args) -> int:
 
     cfg = TargetTrainConfig(
         out=args.out, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
-        seed=args.seed, num_layers=args.layers, hidden_size=args.hidden,
-        corpus=CorpusConfig(docs=args.docs, seed=args.seed),
+        seed=args.seed, num_layers=args.layers, hidden_size=args.hidden, split=args.split,
+        val_fraction=args.val_fraction, tokenizer_from=args.tokenizer_from, warmup=args.warmup,
+        checkpoint_every=args.checkpoint_every,
+        corpus=CorpusConfig(docs=args.docs, seed=args.seed, long_code_chats=args.long_code_chats,
+                            long_chats=args.long_chats, held_out_fraction=args.val_fraction),
     )
     exported = train(cfg, init_from=args.init_from)
     print(f"model written to {exported}")

@@ -28,7 +28,8 @@ def builtin_prompts() -> Path:
 
 
 def read_prompts(path: Path) -> list[dict]:
-    """JSONL of {"messages": [...]}, {"prompt": text} or plain strings; or a text file, one prompt a line.
+    """JSONL of {"messages": [...]}, {"prompt": text} (a user message), {"text": text} (raw text,
+    completed without the chat template) or plain strings; or a text file, one prompt a line.
 
     Each prompt keeps an optional "kind" (e.g. code, chat) for per-kind evaluation.
     """
@@ -47,8 +48,10 @@ def read_prompts(path: Path) -> list[dict]:
             raise MlxSpecError(f"{path}:{n}: not JSON ({e.msg})") from None
         if isinstance(item, str):
             item = {"prompt": item}
-        if "messages" not in item and "prompt" not in item:
-            raise MlxSpecError(f"{path}:{n}: expected 'messages' or 'prompt'")
+        if not isinstance(item, dict) or not ({"messages", "prompt", "text"} & set(item)):
+            raise MlxSpecError(f"{path}:{n}: expected 'messages', 'prompt' or 'text' (raw, no chat template)")
+        if "text" in item and not isinstance(item["text"], str):
+            raise MlxSpecError(f"{path}:{n}: 'text' must be a string")
         if "prompt" in item:
             item = {**item, "messages": [{"role": "user", "content": item.pop("prompt")}]}
         prompts.append(item)
@@ -58,6 +61,10 @@ def read_prompts(path: Path) -> list[dict]:
 
 
 def encode(tokenizer, prompt: dict) -> list[int]:
+    if "text" in prompt:  # a raw completion: encoded exactly as generation encodes a string prompt
+        from ..generate import encode_prompt
+
+        return list(encode_prompt(tokenizer, prompt["text"]))
     if tokenizer.has_chat_template:
         return list(tokenizer.apply_chat_template(prompt["messages"], add_generation_prompt=True, tokenize=True))
     return tokenizer.encode("\n".join(m["content"] for m in prompt["messages"]))

@@ -36,6 +36,10 @@ class DrafterTrainConfig:
     warmup: int = 100
     weight_decay: float = 0.01
     decay_gamma: float = 4.0  # loss weight of slot k: exp(-(k-1)/gamma)
+    # "ce": every slot; "auf" (Accept-Until-Fail): each block only up to its first slot the drafter
+    # gets wrong (slots after a miss are never verified, so their loss only adds noise)
+    loss: str = "ce"
+    sliding_window: int | None = None  # context rows a block sees (window - 1 before the anchor); None: all
     checkpoint_every: int = 100
     eval_every: int = 250
     seed: int = 0
@@ -69,6 +73,8 @@ def new_drafter(target, config: dict, tokenizer, cfg: DrafterTrainConfig) -> DFl
         block_size=cfg.block_size, rms_norm_eps=tcfg.get("rms_norm_eps", 1e-6),
         rope_theta=tcfg.get("rope_theta") or 10000.0, max_position_embeddings=tcfg.get("max_position_embeddings", 4096),
         num_target_layers=target.num_layers,
+        layer_types=["sliding_attention"] * cfg.num_layers if cfg.sliding_window else None,
+        sliding_window=cfg.sliding_window, is_causal=False if cfg.sliding_window else None,
     )
     return DFlashDrafter(dcfg).bind(target)
 
@@ -84,22 +90,41 @@ def block_batch(tokens: list[int], prompt_len: int, n: int, block: int, mask: in
     return mx.array(pos.astype(np.int32)), mx.array(ids), mx.array(labels.astype(np.int32))
 
 
-def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, gamma: float):
-    """Weighted cross-entropy of one sequence's blocks; hidden [1, S, taps*H] from the frozen target."""
-    target = drafter._target
+def train_logits(drafter: DFlashDrafter, hidden: mx.array, pos, ids) -> mx.array:
+    """[n, B-1, V] slot logits of n blocks at anchors `pos` over one sequence's tapped hidden states
+    [1, S, taps*H]: each block sees the context rows inference would have cached by then."""
+    target, cfg = drafter._target, drafter.config
     ctx = drafter.hidden_norm(drafter.fc(hidden))
-    S = ctx.shape[1]
-    visible = (mx.arange(S)[None, :] < pos[:, None])[:, None, None, :]  # context before each anchor
+    rows = mx.arange(ctx.shape[1])[None, :]
     h = target.embed(ids)
-    for layer in drafter.layers:
-        kv = layer.self_attn.context_kv(ctx, 0)
-        h = layer(h, kv, pos, None, False, visible)
-    logits = target.lm_head(drafter.norm(h[:, 1:])).astype(mx.float32)
+    for i, layer in enumerate(drafter.layers):
+        visible = rows < pos[:, None]  # context before each anchor
+        window = cfg.window(i)
+        if window is not None:  # what inference keeps: the last window - 1 rows
+            visible = visible & (rows >= pos[:, None] - (window - 1))
+        h = layer(h, layer.self_attn.context_kv(ctx, 0), pos, None, False, visible[:, None, None, :])
+    return target.lm_head(drafter.norm(h[:, 1:])).astype(mx.float32)
+
+
+def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, gamma: float, loss: str = "ce"):
+    """Weighted cross-entropy of one sequence's blocks; hidden [1, S, taps*H] from the frozen target."""
+    logits = train_logits(drafter, hidden, pos, ids)
     B1 = labels.shape[1]
-    weight = mx.exp(-mx.arange(B1, dtype=mx.float32) / gamma)[None] * (labels >= 0)
+    valid = labels >= 0
+    correct = (logits.argmax(-1) == labels) * valid
+    weight = mx.exp(-mx.arange(B1, dtype=mx.float32) / gamma)[None] * valid
+    if loss == "auf":
+        weight = weight * auf_mask(correct)
+    elif loss != "ce":
+        raise ValueError(f"loss must be 'ce' or 'auf', not {loss!r}")
     ce = nn.losses.cross_entropy(logits, mx.maximum(labels, 0), reduction="none")
-    correct = (logits.argmax(-1) == labels) * (labels >= 0)
-    return (ce * weight).sum(), weight.sum(), correct.sum(0), (labels >= 0).sum(0)
+    return (ce * weight).sum(), weight.sum(), correct.sum(0), valid.sum(0)
+
+
+def auf_mask(correct: mx.array) -> mx.array:
+    """[n, B-1] 1 where every earlier slot of the block was right: slots up to and including the first miss."""
+    ok = mx.cumprod(correct.astype(mx.float32), axis=1)
+    return mx.stop_gradient(mx.concatenate([mx.ones_like(ok[:, :1]), ok[:, :-1]], axis=1))
 
 
 class DrafterTrainer:
@@ -141,7 +166,7 @@ class DrafterTrainer:
         total, norm = mx.array(0.0), mx.array(0.0)
         hits, seen = mx.zeros(self.block - 1), mx.zeros(self.block - 1)
         for hidden, pos, ids, labels in batch:
-            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, self.cfg.decay_gamma)
+            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, self.cfg.decay_gamma, self.cfg.loss)
             total, norm, hits, seen = total + l, norm + w, hits + c, seen + s
         return total / mx.maximum(norm, 1.0), (hits, seen)
 
@@ -183,11 +208,11 @@ class DrafterTrainer:
 
 
 def train_drafter(target, config: dict, tokenizer, records: list[dict], cfg: DrafterTrainConfig,
-                  evaluate=None) -> Path:
+                  evaluate=None, init: DFlashDrafter | None = None) -> Path:
     """Train (or resume) and write the drafter in the public DFlash format to cfg.out / 'drafter'."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    trainer = DrafterTrainer(target, config, tokenizer, records, cfg)
+    trainer = DrafterTrainer(target, config, tokenizer, records, cfg, init=init)
     columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(), TextColumn("{task.fields[info]}"),
                TimeRemainingColumn()]
     with Progress(*columns) as bar:

@@ -19,7 +19,8 @@ def measure(model, tokenizer, prompts: list[dict], max_tokens: int = 128, block_
     by_kind: dict[str, SpecStats] = {}
     for i, p in enumerate(prompts):
         last = None
-        for last in stream_generate(model, tokenizer, p["messages"], max_tokens, block_size=block_size, adaptive=False):
+        prompt = p["text"] if "text" in p else p["messages"]  # a string is completed raw, no chat template
+        for last in stream_generate(model, tokenizer, prompt, max_tokens, block_size=block_size, adaptive=False):
             pass
         kind = p.get("kind", "text")
         by_kind[kind] = merge(by_kind.get(kind, SpecStats()), last.spec)

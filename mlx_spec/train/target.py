@@ -47,6 +47,11 @@ class TargetTrainConfig:
     eval_batches: int = 16
     checkpoint_every: int = 50
     val_fraction: float = 0.01
+    # "order": the first val_fraction of the shuffled documents (the shipped run); "source": a stable
+    # split by source file or conversation (corpus.held_out), so every document made from a held-out
+    # file stays out of training and the set does not move when the mix changes.
+    split: str = "order"
+    tokenizer_from: Path | None = None  # reuse this model's tokenizer (keeps a drafter's vocabulary)
     corpus: corpus.CorpusConfig = field(default_factory=corpus.CorpusConfig)
 
     def model_args(self, vocab_size: int) -> qwen3.ModelArgs:
@@ -67,16 +72,27 @@ def prepare_data(cfg: TargetTrainConfig, log=print) -> tuple[np.ndarray, np.ndar
     data = cfg.out / "data"
     if (data / "train.npy").exists():
         return np.load(data / "train.npy"), np.load(data / "val.npy")
+    if cfg.split not in ("order", "source"):
+        raise ValueError(f"split must be 'order' or 'source', not {cfg.split!r}")
     log("building corpus …")
-    docs = corpus.documents(cfg.corpus, render_chat)
+    keyed = corpus.keyed_documents(cfg.corpus, render_chat)
+    docs = [(kind, text) for _, kind, text in keyed]
     log(f"corpus: {corpus.describe(docs)}")
-    tok = train_tokenizer((text for _, text in docs), cfg.vocab_size)
-    save_tokenizer(tok, data / "tokenizer", cfg.max_position_embeddings)
+    if cfg.tokenizer_from is not None:
+        tok = copy_tokenizer(Path(cfg.tokenizer_from), data / "tokenizer")
+    else:
+        tok = train_tokenizer((text for _, text in docs), cfg.vocab_size)
+        save_tokenizer(tok, data / "tokenizer", cfg.max_position_embeddings)
     eot = tok.token_to_id(ENDOFTEXT)
     encoded = tok.encode_batch([text for _, text in docs])
-    n_val = max(1, int(len(docs) * cfg.val_fraction))
+    if cfg.split == "order":
+        n_val = max(1, int(len(docs) * cfg.val_fraction))
+        parts = (encoded[n_val:], encoded[:n_val])
+    else:
+        val = [corpus.held_out(key, cfg.val_fraction) for key, _, _ in keyed]
+        parts = ([e for e, v in zip(encoded, val) if not v], [e for e, v in zip(encoded, val) if v])
     streams = []
-    for part in (encoded[n_val:], encoded[:n_val]):
+    for part in parts:
         ids = [i for enc in part for i in enc.ids + [eot]]
         streams.append(np.asarray(ids, dtype=np.uint16))
     np.save(data / "train.npy", streams[0])
@@ -84,6 +100,19 @@ def prepare_data(cfg: TargetTrainConfig, log=print) -> tuple[np.ndarray, np.ndar
     (data / "corpus.json").write_text(corpus.describe(docs) + "\n")
     log(f"tokens: train {len(streams[0]):,}, val {len(streams[1]):,}")
     return streams[0], streams[1]
+
+
+def copy_tokenizer(src: Path, dst: Path):
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    dst.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if not (src / name).exists():
+            raise FileNotFoundError(f"--tokenizer-from {src}: no {name}")
+        shutil.copy(src / name, dst / name)
+    return Tokenizer.from_file(str(dst / "tokenizer.json"))
 
 
 def batch_at(stream: np.ndarray, seed: int, step: int, batch: int, seq_len: int) -> mx.array:
@@ -110,9 +139,16 @@ def schedule(cfg: TargetTrainConfig):
 
 
 def evaluate(model: nn.Module, val: np.ndarray, cfg: TargetTrainConfig) -> tuple[float, float]:
-    stats = [loss_fn(model, batch_at(val, cfg.seed + 1, i, cfg.batch_size, cfg.seq_len)) for i in range(cfg.eval_batches)]
-    loss = sum(s[0].item() for s in stats) / len(stats)
-    return loss, sum(s[1].item() for s in stats) / len(stats)
+    return validation(model, val, cfg.seq_len, cfg.eval_batches, cfg.batch_size, cfg.seed + 1)
+
+
+def validation(model: nn.Module, val: np.ndarray, seq_len: int, batches: int = 16, batch_size: int = 8,
+               seed: int = 1) -> tuple[float, float]:
+    """Mean loss and top-1 accuracy over fixed windows of the held-out stream (the same windows for
+    every model, so numbers compare before/after)."""
+    seq_len = min(seq_len, len(val) - 2)
+    stats = [loss_fn(model, batch_at(val, seed, i, batch_size, seq_len)) for i in range(batches)]
+    return sum(s[0].item() for s in stats) / len(stats), sum(s[1].item() for s in stats) / len(stats)
 
 
 def train(cfg: TargetTrainConfig, init_from: Path | None = None) -> Path:

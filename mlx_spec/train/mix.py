@@ -1,0 +1,110 @@
+"""Prompt sets for the embedded pair beyond short chats: raw continuations and long contexts.
+
+The drafter only ever saw chat answers, so raw completions (no chat template) and 1–2k-token
+prompts collapsed its acceptance. These sets come from the same offline corpus, split by source
+(`corpus.held_out`, the target's held-out files): training prompts from the rest, evaluation
+prompts from the held-out side only, so τ on them is measured on code neither model trained on.
+
+A prompt is {"kind", "messages"} (chat template applied) or {"kind", "text"} (raw text, encoded as
+`generate` encodes a string prompt).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+from pathlib import Path
+
+from . import corpus
+
+HELD_OUT_FRACTION = 0.02  # the fraction train-target --split source --val-fraction 0.02 holds out
+
+
+def _side(root: Path, files: list[Path], held: bool, fraction: float) -> list[Path]:
+    return [p for p in files if corpus.held_out(corpus._key(root, p), fraction) == held]
+
+
+def raw_code_prompts(config: corpus.CorpusConfig, n: int, held: bool, fraction: float = HELD_OUT_FRACTION,
+                     max_chars: int = 1500, seed: int = 0) -> list[dict]:
+    """Raw continuations: up to max_chars of a source file ending with a `def` line, no chat template."""
+    rng = random.Random(seed)
+    root = config.stdlib
+    cuts = []
+    for path in _side(root, corpus.stdlib_files(root), held, fraction):
+        source = path.read_text(encoding="utf-8", errors="replace")
+        try:
+            tree = ast.parse(source)
+        except SyntaxError:
+            continue
+        lines = source.splitlines()
+        cuts += [(path, lines, node.lineno) for node, _ in corpus._functions(tree) if node.lineno > 3]
+    rng.shuffle(cuts)
+    out = []
+    for path, lines, end in cuts[:n]:
+        start, size = end, 0
+        while start > 0 and size + len(lines[start - 1]) + 1 <= max_chars:
+            start, size = start - 1, size + len(lines[start - 1]) + 1
+        out.append({"kind": "raw-code", "text": "\n".join(lines[start:end]) + "\n"})
+    return out
+
+
+def long_prompts(config: corpus.CorpusConfig, n: int, held: bool, fraction: float = HELD_OUT_FRACTION,
+                 seed: int = 0) -> list[dict]:
+    """Long prompts, half a source excerpt plus a request, half a long multi-turn chat (last turn the user's)."""
+    rng = random.Random(seed)
+    root = config.stdlib
+    files = _side(root, corpus.stdlib_files(root), held, fraction)
+    code = [{"kind": "long", "messages": chat[:1]} for _, chat in corpus.long_code_chats(files, n - n // 2, rng)]
+    chats = [(i, c) for i, c in enumerate(corpus.chitchat_chats()) if len(c) >= 2]
+    chats = [(i, c) for i, c in chats if corpus.held_out(f"chat:{i}", fraction) == held]
+    talk = [{"kind": "long", "messages": c[:-1]} for _, c in corpus.long_chats(chats, n // 2, rng)]
+    return code + talk
+
+
+def drafter_mix(config: corpus.CorpusConfig, n_code: int, n_chat: int, n_raw: int, n_long: int,
+                fraction: float = HELD_OUT_FRACTION) -> list[dict]:
+    """Training prompts for the drafter: chat-formatted code and chat (corpus.drafter_prompts), raw
+    continuations and long prompts from the training side of the split, shuffled."""
+    prompts = corpus.drafter_prompts(config, n_code, n_chat)
+    prompts += raw_code_prompts(config, n_raw, held=False, fraction=fraction, seed=config.seed + 2)
+    prompts += long_prompts(config, n_long, held=False, fraction=fraction, seed=config.seed + 3)
+    random.Random(config.seed + 4).shuffle(prompts)
+    return prompts
+
+
+def within(prompts: list[dict], tokenizer, lo: int, hi: int) -> list[dict]:
+    """Prompts whose encoded length (as the generation loop encodes them) lies in [lo, hi]."""
+    from .data import encode
+
+    return [p for p in prompts if lo <= len(encode(tokenizer, p)) <= hi]
+
+
+def write(path: Path, prompts: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Write the drafter's mixed training prompts, or the held-out "
+                                                 "evaluation sets (raw code continuations, long prompts).")
+    parser.add_argument("out", type=Path, help="a JSONL file (training mix) or a folder (--eval)")
+    parser.add_argument("--eval", action="store_true", help="write held-out raw-code.jsonl and long.jsonl")
+    parser.add_argument("--docs", type=Path, default=corpus.DEBIAN_DOCS)
+    parser.add_argument("--code", type=int, default=2000)
+    parser.add_argument("--chat", type=int, default=1000)
+    parser.add_argument("--raw", type=int, default=1000)
+    parser.add_argument("--long", type=int, default=600)
+    parser.add_argument("--model", default=None, help="target whose tokenizer bounds the long prompts")
+    args = parser.parse_args()
+    cfg = corpus.CorpusConfig(docs=args.docs)
+    if args.eval:
+        from ..loading import load
+
+        _, tok = load(args.model, drafter=None)
+        write(args.out / "raw-code.jsonl", raw_code_prompts(cfg, 40, held=True))
+        write(args.out / "long.jsonl", within(long_prompts(cfg, 200, held=True), tok, 1000, 2000)[:30])
+    else:
+        write(args.out, drafter_mix(cfg, args.code, args.chat, args.raw, args.long))

@@ -1,0 +1,264 @@
+"""The long-context recipe (issue #19): the corpus mix and its held-out split, 2,048-token target
+training with a reused tokenizer, raw prompts, the Accept-Until-Fail loss, the sliding-window drafter
+option and the target's quality measures. Small, fast fixtures: a fake stdlib, docs and chit-chat."""
+
+import json
+import random
+import textwrap
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import mlx_spec
+from mlx_spec.drafters.dflash import load_dflash, save_dflash
+from mlx_spec.train import corpus, mix
+from mlx_spec.train.data import encode, read_prompts
+from mlx_spec.train.drafter import (DrafterTrainConfig, auf_mask, block_batch, new_drafter, sequence_loss,
+                                    train_logits)
+from mlx_spec.train.evaluate import measure
+from mlx_spec.train.target import TargetTrainConfig, batch_at, prepare_data, validation
+from mlx_spec.train.target_eval import distinct_ngrams
+from mlx_spec.train.tokenizer import render_chat
+
+FUNC = '''
+def helper_{i}(x, y={i}):
+    """Return x plus {i} times y."""
+    total = x
+    for _ in range({i}):
+        total = total + y
+    return total
+'''
+
+
+@pytest.fixture()
+def fake_sources(tmp_path, monkeypatch):
+    lib, docs = tmp_path / "lib", tmp_path / "docs"
+    for m in range(12):
+        (lib / f"pkg{m}").mkdir(parents=True)
+        body = "\n".join(textwrap.dedent(FUNC.format(i=m * 10 + i)) for i in range(30))
+        (lib / f"pkg{m}" / "mod.py").write_text(f'"""Module {m}."""\nimport os\n\n' + body)
+    (lib / "test").mkdir()
+    (lib / "test" / "skipped.py").write_text("def f():\n    pass\n")
+    docs.mkdir()
+    for d in range(4):
+        (docs / f"page{d}.rst.txt").write_text(f"Page {d}\n======\n\n" + "Some words about Python. " * 50)
+    rng = random.Random(0)
+    words = "hello there how are you today fine thanks what about the weather it is sunny".split()
+    talks = [[{"role": ("user", "assistant")[t % 2], "content": " ".join(rng.choices(words, k=60))}
+              for t in range(6)] for _ in range(80)]
+    monkeypatch.setattr(corpus, "chitchat_chats", lambda: iter(talks))  # the real one needs chitchat-dataset
+    return corpus.CorpusConfig(stdlib=lib, docs=docs, max_chats=20, max_code_chats=50,
+                               long_code_chats=30, long_chats=10, held_out_fraction=0.25)
+
+
+def test_held_out_is_stable_by_source():
+    keys = [f"py:m{i}.py" for i in range(2000)]
+    picked = [k for k in keys if corpus.held_out(k, 0.02)]
+    assert 15 <= len(picked) <= 65  # about 2 %
+    assert picked == [k for k in keys[::-1] if corpus.held_out(k, 0.02)][::-1]  # order does not matter
+    assert not any(corpus.held_out(k, 0.0) for k in keys) and all(corpus.held_out(k, 1.0) for k in keys)
+
+
+def test_long_mix_documents(fake_sources):
+    docs = corpus.keyed_documents(fake_sources, render_chat)
+    kinds = {k for _, k, _ in docs}
+    assert kinds == {"code", "docs", "chat", "code-chat", "long-code-chat", "long-chat"}
+    assert not any("skipped" in key for key, _, _ in docs)
+    long_code = [t for _, k, t in docs if k == "long-code-chat"]
+    assert len(long_code) == 30
+    for text in long_code:
+        user, answer = text.split("<|im_start|>assistant\n")
+        body = answer.split("```python\n")[1].split("\n```")[0]
+        excerpt = user.split("```python\n")[1].split("\n```")[0]
+        assert len(excerpt) <= 5000
+        copy = "again" in user or "Show me" in user or "Quote" in user
+        assert (body in excerpt) == copy  # copy: the answer is in the excerpt; next: it follows it
+    for _, k, text in docs:
+        if k == "long-chat":
+            roles = [line.split("<|im_start|>")[1] for line in text.splitlines() if line.startswith("<|im_start|>")]
+            assert roles[0] == "user" and all(a != b for a, b in zip(roles, roles[1:])) and len(text) >= 6000
+    # the shipped recipe's documents do not change when the long mix is off
+    plain = corpus.CorpusConfig(stdlib=fake_sources.stdlib, docs=fake_sources.docs, max_chats=20, max_code_chats=50)
+    assert corpus.documents(plain, render_chat) == [(k, t) for _, k, t in corpus.keyed_documents(plain, render_chat)]
+    assert {k for k, _ in corpus.documents(plain, render_chat)} == {"code", "docs", "chat", "code-chat"}
+
+
+def test_source_split_and_reused_tokenizer(fake_sources, tmp_path):
+    tok_src = Path(mlx_spec.__file__).parent / "models" / "default" / "target"
+    cfg = TargetTrainConfig(out=tmp_path / "run", split="source", val_fraction=0.25, tokenizer_from=tok_src,
+                            corpus=fake_sources)
+    train, val = prepare_data(cfg, log=lambda *a: None)
+    assert (tmp_path / "run/data/tokenizer/tokenizer.json").read_text() == (tok_src / "tokenizer.json").read_text()
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(tok_src / "tokenizer.json"))
+    eot = tok.token_to_id("<|endoftext|>")
+    docs = corpus.keyed_documents(fake_sources, render_chat)
+    held = [t for key, _, t in docs if corpus.held_out(key, 0.25)]
+    assert held and len(held) < len(docs)
+    expect = [i for t in held for i in tok.encode(t).ids + [eot]]
+    assert val.tolist() == expect  # the val stream is exactly the held-out sources, in corpus order
+    assert len(train) + len(val) == sum(len(tok.encode(t).ids) + 1 for _, _, t in docs)
+    # a held-out file's code chats and excerpts are held out with it
+    for key, kind, text in docs:
+        if kind in ("code-chat", "long-code-chat") and corpus.held_out(key, 0.25):
+            assert text in held
+    assert len(train) > 2049 and batch_at(train, 0, 3, 2, 2048).shape == (2, 2049)  # 2,048-token windows
+    with pytest.raises(ValueError, match="split"):
+        prepare_data(TargetTrainConfig(out=tmp_path / "bad", split="random", corpus=fake_sources))
+
+
+def test_validation_is_fixed_windows(tmp_path):
+    from mlx_lm.models import qwen3
+
+    cfg = TargetTrainConfig(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                            intermediate_size=64)
+    mx.random.seed(0)
+    model = qwen3.Model(cfg.model_args(50))
+    val = np.random.default_rng(0).integers(0, 50, 3000).astype(np.uint16)
+    a, b = validation(model, val, 256, batches=2, batch_size=2), validation(model, val, 256, batches=2, batch_size=2)
+    assert a == b and np.log(50) - 1 < a[0] < np.log(50) + 2 and 0 <= a[1] <= 1
+    assert validation(model, val[:100], 2048, batches=1, batch_size=1)  # windows shrink to a short stream
+
+
+def test_raw_prompts_and_eval_sets(fake_sources, tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"text": "def f(x):\\n", "kind": "raw-code"}\n{"text": 3}\n')
+    with pytest.raises(mlx_spec.MlxSpecError, match="must be a string"):
+        read_prompts(f)
+    f.write_text('{"text": "def f(x):\\n", "kind": "raw-code"}\n')
+    (p,) = read_prompts(f)
+    model, tok = mlx_spec.load(drafter=None)
+    assert encode(tok, p) == tok.encode("def f(x):\n")  # no chat template around a raw prompt
+    raw_eval = mix.raw_code_prompts(fake_sources, 10, held=True, fraction=0.25)
+    raw_train = mix.raw_code_prompts(fake_sources, 10, held=False, fraction=0.25)
+    assert raw_eval and raw_train and all(r["text"].rstrip().split("\n")[-1].startswith("def ") for r in raw_eval)
+    assert not {r["text"] for r in raw_eval} & {r["text"] for r in raw_train}
+    long_eval = mix.long_prompts(fake_sources, 6, held=True, fraction=0.25)
+    assert long_eval and all(p["messages"][-1]["role"] == "user" for p in long_eval)
+    held_files = [p for p in corpus.stdlib_files(fake_sources.stdlib)
+                  if corpus.held_out(corpus._key(fake_sources.stdlib, p), 0.25)]
+    for p in long_eval:
+        if p["messages"][0]["content"].startswith("```python"):
+            excerpt = p["messages"][0]["content"].split("```python\n")[1].split("\n```")[0]
+            assert any(excerpt in f.read_text() for f in held_files)
+    bounded = mix.within(long_eval, tok, 300, 2000)
+    assert all(300 <= len(encode(tok, p)) <= 2000 for p in bounded)
+    prompts = mix.drafter_mix(fake_sources, 5, 5, 5, 4, fraction=0.25)
+    assert {p["kind"] for p in prompts} == {"code", "chat", "raw-code", "long"}
+
+
+def test_eval_drafter_measures_raw_prompts():
+    model, tok = mlx_spec.load()
+    got = measure(model, tok, [{"kind": "raw-code", "text": "def add(a, b):\n"}], max_tokens=16, block_size=4)
+    assert got["raw-code"].rounds > 0 and got["raw-code"].tau >= 1.0
+
+
+def test_auf_mask_stops_after_first_miss():
+    correct = mx.array([[1, 1, 0, 1], [0, 1, 1, 1], [1, 1, 1, 1]])
+    assert auf_mask(correct).tolist() == [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    model, tok = mlx_spec.load(drafter=None)
+    return model, tok
+
+
+def _one_sequence(model, tok, drafter, block):
+    tokens = tok.encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n")
+    model.target.set_taps(drafter.tap_ids)
+    _, hidden = model.target(mx.array([tokens]), cache=None)
+    rng = np.random.default_rng(0)
+    return tokens, hidden, block_batch(tokens, 4, 6, block, drafter.config.mask_token_id, rng)
+
+
+def test_auf_loss_weights_only_reachable_slots(pair, tmp_path):
+    model, tok = pair
+    cfg = DrafterTrainConfig(out=tmp_path, block_size=4, target_layer_ids=[1, 3])
+    drafter = new_drafter(model.target, model.config, tok, cfg)
+    tokens, hidden, (pos, ids, labels) = _one_sequence(model, tok, drafter, 4)
+    ce = sequence_loss(drafter, hidden, pos, ids, labels, 4.0, "ce")
+    auf = sequence_loss(drafter, hidden, pos, ids, labels, 4.0, "auf")
+    assert auf[1].item() < ce[1].item()  # an untrained drafter misses: fewer slots carry weight
+    assert auf[1].item() >= float(mx.exp(-mx.zeros(1)).item()) * pos.shape[0] - 1e-4  # slot 1 always counts
+    assert mx.array_equal(ce[2], auf[2]).item()  # same predictions, same accuracy counters
+    with pytest.raises(ValueError, match="loss"):
+        sequence_loss(drafter, hidden, pos, ids, labels, 4.0, "mse")
+
+
+def test_sliding_window_training_matches_inference(pair, tmp_path):
+    """The training loss sees exactly the rows the drafter attends to while decoding, and the option
+    survives saving and loading."""
+    model, tok = pair
+    cfg = DrafterTrainConfig(out=tmp_path, block_size=4, target_layer_ids=[1, 3], sliding_window=5)
+    drafter = new_drafter(model.target, model.config, tok, cfg)
+    assert drafter.config.window(0) == 5 and not drafter.config.causal(0)
+    tokens, hidden, (pos, ids, labels) = _one_sequence(model, tok, drafter, 4)
+    path = save_dflash(drafter, tmp_path / "drafter")
+    loaded = load_dflash(path, model.target, model.config)
+    assert loaded.config.window(0) == 5 and loaded.config.causal(0) is False
+    full = DrafterTrainConfig(out=tmp_path, block_size=4, target_layer_ids=[1, 3])
+    unwindowed = new_drafter(model.target, model.config, tok, full)
+    unwindowed.update(drafter.parameters())
+    a = int(pos[-1].item())
+    assert a > 5  # the window hides rows from this block
+    got = []
+    for d in (loaded, unwindowed):
+        state = d.make_state()
+        d.observe(state, hidden[:, :a], tokens[:a])
+        logits = d.block_logits(state, tokens[a], 4)[0, 1:]
+        assert mx.allclose(logits, train_logits(d, hidden, pos[-1:], ids[-1:])[0], atol=1e-4).item()
+        got.append(logits)
+    assert not mx.allclose(got[0], got[1], atol=1e-3).item()
+    assert json.loads((path / "config.json").read_text())["sliding_window"] == 5
+
+
+def test_distinct_ngrams():
+    assert distinct_ngrams([1, 2, 3, 4, 5]) == 1.0
+    assert distinct_ngrams([7] * 10) == pytest.approx(1 / 7)
+    assert distinct_ngrams([1, 2, 3]) is None
+
+
+def test_trainer_runs_auf_with_window_and_resumes(pair, tmp_path):
+    from mlx_spec.train.drafter import DrafterTrainer
+
+    model, tok = pair
+    text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n" * 3
+    records = [{"tokens": tok.encode(text), "prompt_len": 5}]
+    cfg = DrafterTrainConfig(out=tmp_path, block_size=4, target_layer_ids=[1, 3], steps=2, warmup=1,
+                             loss="auf", sliding_window=16, checkpoint_every=1)
+    t = DrafterTrainer(model.target, model.config, tok, records, cfg)
+    while not t.done:
+        record = t.step()
+    assert record["step"] == 2 and record["loss"] > 0
+    cfg.steps = 3
+    again = DrafterTrainer(model.target, model.config, tok, records, cfg)
+    assert again.step_no == 2 and again.drafter.config.window(0) == 16  # resumed with the window
+
+
+def test_train_drafter_rejects_bad_window(capsys):
+    from mlx_spec.cli import main
+
+    assert main(["train-drafter", "--sliding-window", "1"]) == 2
+    assert "at least 2" in capsys.readouterr().err
+    assert main(["train-drafter", "--sliding-window", "64", "--init-drafter", "x"]) == 2
+    assert "cannot be combined" in capsys.readouterr().err
+
+
+def test_eval_target_cli(tmp_path, capsys):
+    from mlx_spec.cli import main
+
+    assert main(["eval-target", "--val", str(tmp_path / "missing.npy")]) == 2
+    val = tmp_path / "val.npy"
+    model, tok = mlx_spec.load(drafter=None)
+    np.save(val, np.asarray(tok.encode("def add(a, b):\n    return a + b\n" * 40), dtype=np.uint16))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "Write a function that adds two numbers.", "kind": "code"}\n')
+    assert main(["eval-target", "--val", str(val), "--seq-lens", "64,128", "--batches", "1",
+                 "--prompts", str(prompts), "--max-tokens", "24"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["val_loss_64"] > 0 and 0 <= out["val_acc_128"] <= 1
+    assert 0 < out["repetition"]["code"]["distinct4"] <= 1 and out["repetition"]["code"]["answers"] == 1
