@@ -13,6 +13,7 @@ COMMANDS = {
     "serve": ("mlx_spec.app.server.cli", "OpenAI-compatible HTTP server (chat, completions, metrics)"),
     "train-drafter": ("mlx_spec.commands.train_drafter", "train a DFlash drafter on the target's own answers"),
     "eval-drafter": ("mlx_spec.commands.eval_drafter", "measure a drafter's acceptance length with the real loop"),
+    "eval-target": ("mlx_spec.commands.eval_target", "a target's held-out loss and the repetition of its answers"),
     "doctor": ("mlx_spec.commands.doctor", "show the device, BLAS, versions and the measured cost curve"),
     "bench": ("mlx_spec.commands.bench", "plain vs speculative decoding, side by side, per kind of prompt"),
     "history": ("mlx_spec.commands.history", "what --learn recorded for a target (size, per-day counts, τ), or --clear"),

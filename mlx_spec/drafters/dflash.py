@@ -352,6 +352,8 @@ def save_dflash(model: DFlashDrafter, out: Path, extra_config: dict | None = Non
                           "block_size": cfg.block_size},
         **(extra_config or {}),
     }
+    if cfg.layer_types:  # a sliding-window drafter: its context window must survive the round trip
+        config.update(layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, is_causal=cfg.is_causal)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     weights = {k: v for k, v in tree_flatten(model.parameters())}
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
