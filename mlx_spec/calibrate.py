@@ -24,6 +24,7 @@ class CostCurve:
     verify: list[float]  # seconds for a target pass over M = 1, 2, ... tokens
     draft: list[float]  # seconds for a drafter pass producing k = 1, 2, ... drafts (index k-1)
     rounds: list[float] = field(default_factory=list)  # seconds for a whole loop round with k = 0, 1, ... drafts
+    batch: list[list[float]] = field(default_factory=list)  # [rows, width, seconds]: a batched target pass
 
     @property
     def max_drafts(self) -> int:
@@ -36,12 +37,53 @@ class CostCurve:
     def round_time(self, k: int) -> float:
         return self.rounds[k] if k < len(self.rounds) else self.pass_time(k)
 
+    def batch_time(self, rows: int, width: int) -> float:
+        """Seconds of one target pass over `rows` blocks of `width` tokens each: the measured batched
+        passes, interpolated in width and rows; without them, one row of rows * width tokens."""
+        if rows == 1:
+            return _along(self.verify, width)
+        by_rows: dict[int, dict[int, float]] = {}
+        for b, w, t in self.batch:
+            by_rows.setdefault(int(b), {})[int(w)] = t
+        if not by_rows:
+            return _along(self.verify, rows * width)
+        ladder = {1: {w: t for w, t in enumerate(self.verify, 1)}, **by_rows}
+        known = sorted(ladder)
+        lo = max([b for b in known if b <= rows], default=known[0])
+        hi = min([b for b in known if b > rows], default=None)
+        if hi is None:  # past the widest measured batch: extrapolate from the last two
+            lo, hi = (known[-2], known[-1]) if len(known) > 1 else (known[-1], known[-1])
+        t_lo, t_hi = _interp(ladder[lo], width), _interp(ladder[hi], width)
+        return t_lo if hi == lo else t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo)
+
     def ratios(self) -> list[float]:
         return [t / self.verify[0] for t in self.verify]
 
     def round_ratios(self) -> list[float]:
         """Measured round cost with k = 0, 1, ... drafts, in plain decoding steps."""
         return [t / self.rounds[0] for t in self.rounds]
+
+
+def _along(times: list[float], n: int) -> float:
+    """times[n-1], extrapolated linearly past the end."""
+    if n <= len(times):
+        return times[n - 1]
+    slope = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else times[-1]
+    return times[-1] + slope * (n - len(times))
+
+
+def _interp(points: dict[int, float], x: int) -> float:
+    xs = sorted(points)
+    if x in points:
+        return points[x]
+    below, above = [v for v in xs if v < x], [v for v in xs if v > x]
+    if below and above:
+        a, b = below[-1], above[0]
+    else:  # outside: the nearest two
+        a, b = (xs[-2], xs[-1]) if below else (xs[0], xs[1]) if len(xs) > 1 else (xs[0], xs[0])
+    if a == b:
+        return points[a]
+    return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
 
 
 def _timed(fn, repeats: int) -> float:
@@ -121,6 +163,66 @@ def measure_rounds(model, pc, sampler, max_k: int, repeats: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
+BATCH_WIDTHS = (1, 2, 3, 4, 6, 8)
+
+
+def measure_batch(model, rows: list[int], max_width: int, context: int = 64, repeats: int = 3) -> list[list[float]]:
+    """[rows, width, seconds] of batched target passes (each row its own cache, as the loop verifies a batch),
+    for widths up to max_width; the shapes take turns within each repetition. [] where caches cannot batch."""
+    from .engine.batch import batch_caches, can_batch
+    from .engine.cache import PromptCache, trim
+
+    vocab, top = model.vocab_size, max(rows)
+    pcs = [PromptCache(model.model, model.drafter) for _ in range(top)]
+    if not can_batch([pc.cache for pc in pcs]):
+        return []
+    for r, pc in enumerate(pcs):  # different contexts per row, as in a real batch
+        out, _ = model.target(mx.array([[(i * 7919 + r * 31) % vocab for i in range(context)]]), pc.cache)
+        mx.eval(out)
+    widths = [w for w in BATCH_WIDTHS if w <= max_width] + ([max_width] if max_width not in BATCH_WIDTHS else [])
+    shapes = [(b, w) for b in rows for w in widths]
+    times: dict[tuple[int, int], list[float]] = {s: [] for s in shapes}
+    for rep in range(repeats + 1):  # the first repetition warms up
+        for b, w in shapes:
+            caches = [pc.cache for pc in pcs[:b]]
+            block = mx.array([[(i * 13 + r) % vocab for i in range(w)] for r in range(b)])
+            tic = time.perf_counter()
+            logits, hidden = model.target(block, batch_caches(caches))
+            mx.eval(logits, hidden) if hidden is not None else mx.eval(logits)
+            if rep:
+                times[(b, w)].append(time.perf_counter() - tic)
+            for c in caches:
+                trim(c, w)
+    return [[b, w, statistics.median(times[(b, w)])] for b, w in shapes]
+
+
+def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> list[dict]:
+    """What long prompts cost: prefill seconds per token, and one synchronous verify pass over 1 and
+    over `width` tokens, after `context` cached tokens (contexts past the model's length are skipped)."""
+    from .engine.cache import PromptCache, trim
+
+    vocab, out = model.vocab_size, []
+    for context in [c for c in contexts if c + width < model.context_length]:
+        pc = PromptCache(model.model, model.drafter)
+        ids = [(i * 7919) % vocab for i in range(context)]
+        tic = time.perf_counter()
+        for i in range(0, context, 512):  # chunked, as prefill runs
+            logits, hidden = model.target(mx.array([ids[i : i + 512]]), pc.cache)
+            mx.eval(logits, hidden) if hidden is not None else mx.eval(logits)
+        prefill = (time.perf_counter() - tic) / context
+
+        def verify(m):
+            def run():
+                logits, hidden = model.target(mx.array([ids[:m]]), pc.cache)
+                mx.eval(logits, hidden) if hidden is not None else mx.eval(logits)
+                trim(pc.cache, m)
+            return run
+
+        out.append({"context": context, "prefill_ms_per_token": prefill * 1e3,
+                    "verify_ms": {str(m): _timed(verify(m), repeats) * 1e3 for m in sorted({1, width})}})
+    return out
+
+
 def curve_key(model) -> str:
     from mlx.utils import tree_flatten
 
@@ -135,14 +237,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MLX_SPEC_CACHE", Path.home() / ".cache" / "mlx-spec"))
 
 
-def calibrated_curve(model, max_width: int, refresh: bool = False) -> CostCurve:
-    """The cost curve for this model on this machine, measured once and cached."""
+def calibrated_curve(model, max_width: int, refresh: bool = False, batch_rows: int = 0) -> CostCurve:
+    """The cost curve for this model on this machine, measured once and cached. batch_rows: also
+    batched passes of up to that many rows (2, 4, 8, ... rows; what a server's batched rounds cost)."""
     path = cache_dir() / "curves" / f"{curve_key(model)}.json"
+    curve = None
     if path.exists() and not refresh:
         curve = CostCurve(**json.loads(path.read_text()))
-        if len(curve.verify) >= max_width and len(curve.rounds) >= min(max_width, len(curve.draft) + 1):
-            return curve
-    curve = measure_curve(model, max_width)
+        if len(curve.verify) < max_width or len(curve.rounds) < min(max_width, len(curve.draft) + 1):
+            curve = None
+    rows = [b for b in (2, 4, 8, 16, 32, 64) if b <= max(batch_rows, 2)] if batch_rows > 1 else []
+    have = {int(b) for b, _, _ in curve.batch} if curve is not None else set()
+    if curve is not None and set(rows) <= have:
+        return curve
+    if curve is None:
+        curve = measure_curve(model, max_width)
+    if rows:
+        curve.batch = measure_batch(model, rows, max_width) or curve.batch
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(curve)))
     return curve

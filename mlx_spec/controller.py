@@ -56,6 +56,8 @@ class ControllerMemory:
 
     alphas: list[float] | None = None  # acceptance estimates per draft position
     cost_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # plain, drafting: real / calibrated
+    batch_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # the same for batched rounds
+    batch_tick: tuple | None = None  # (time, rows, drafting, predicted seconds) of the last batched round
 
 
 class AdaptiveLength:
@@ -103,6 +105,10 @@ class AdaptiveLength:
 
     def round_time(self, k: int) -> float:
         return self.curve.round_time(k) * self.cost_scale[k > 0]
+
+    def skip_timing(self) -> None:
+        """This round is batched: its time is the batch's, not this request's (see `plan_batch`)."""
+        self._tick = self._last_k = None
 
     def next(self) -> int:
         if self._choice is None:
@@ -152,3 +158,71 @@ class AdaptiveLength:
             self._choice = None
         if self.memory is not None:
             self.memory.cost_scale = list(self.cost_scale)
+
+
+# ----------------------------------------------------------------------------- batched rounds
+
+
+def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05) -> list[int]:
+    """Draft lengths for one batched verify pass, from the batch's width and each request's own acceptance.
+
+    Every block is padded to the widest, so the pass costs `curve.batch_time(rows, W)` whoever
+    drafts: for each width W the requests whose expected gain, E[tokens | W-1] - 1, is worth their
+    drafter pass at the batch's rate draft W-1 tokens, the others run plain in the same pass; the
+    W with the most expected tokens per second wins, and drafting must beat an all-plain pass by
+    `margin`. Requests with fixed draft lengths (`FixedLength`) keep theirs. The batch's measured
+    round times rescale the batch costs (plain and drafting passes apart), as `AdaptiveLength`
+    does for one request. Sets and returns each state's `k`.
+    """
+    adaptive = [s for s in states if isinstance(s.lengths, AdaptiveLength)]
+    if not adaptive:
+        return [s.k for s in states]
+    lead = adaptive[0].lengths
+    curve, memory, b = lead.curve, lead.memory, len(states)
+    scale = memory.batch_scale if memory is not None else [1.0, 1.0]
+    floor = 1 + max([s.k for s in states if s not in adaptive], default=0)  # fixed rows set the least width
+    caps = {id(s): min(s.lengths.max_k, max(0, s.remaining - 1)) for s in adaptive}
+    top = max([floor] + [caps[id(s)] + 1 for s in adaptive])
+    gains = {id(s): s.lengths.estimates() for s in adaptive}
+    fixed_tokens = sum(1 + 0.5 * s.k for s in states if s not in adaptive)  # their yield does not depend on W
+
+    def option(width):
+        """(expected tokens per second, k per adaptive request) for a pass `width` wide."""
+        cost = curve.batch_time(b, width) * scale[width > 1]
+        tokens, ks = fixed_tokens + len(adaptive), {id(s): 0 for s in adaptive}
+        offers = []
+        for s in adaptive:
+            k = min(width - 1, caps[id(s)])
+            if k:
+                gain, dcost = expected_tokens(gains[id(s)], k) - 1, curve.draft[k - 1] * scale[1]
+                offers.append((gain / dcost, gain, dcost, s, k))
+        for _, gain, dcost, s, k in sorted(offers, key=lambda o: -o[0]):  # best value first, while it pays
+            if (tokens + gain) / (cost + dcost) <= tokens / cost:
+                break
+            tokens, cost, ks[id(s)] = tokens + gain, cost + dcost, k
+        if width > 1 and not any(ks.values()) and floor < width:
+            return 0.0, ks  # nobody drafts: a wider pass would be padding only
+        return tokens / cost / (1 + margin if width > 1 and width > floor else 1), ks
+
+    rate, ks, width = max((option(w) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))
+    predicted = curve.batch_time(b, width) + sum(curve.draft[k - 1] for k in ks.values() if k)
+    _time_batch(memory, b, width > 1, predicted, follow)
+    for s in adaptive:
+        s.k = ks[id(s)]
+        s.lengths.skip_timing()
+    return [s.k for s in states]
+
+
+def _time_batch(memory: ControllerMemory | None, rows: int, drafting: bool, predicted: float, follow: float) -> None:
+    """Compare the time since the last batched round began planning with what the costs predicted for
+    that round (only when it was of the same kind and batch size as this one: the steady state), and
+    rescale the batch costs of that kind."""
+    if memory is None:
+        return
+    now, last = time.perf_counter(), memory.batch_tick
+    memory.batch_tick = (now, rows, drafting, predicted)
+    if last is None or last[1] != rows or last[2] != drafting:
+        return
+    i, ratio = int(drafting), (now - last[0]) / last[3]
+    if 0.25 < ratio / memory.batch_scale[i] < 4:  # a pause (a prefill, an idle queue) is not the round's cost
+        memory.batch_scale[i] += follow * (ratio - memory.batch_scale[i])

@@ -14,6 +14,7 @@ from typing import Iterator, Protocol
 
 import mlx.core as mx
 
+from ..controller import plan_batch
 from ..drafters.base import Draft
 from .batch import batch_caches, can_batch, replay
 from .cache import PromptCache, eval_state, trim
@@ -90,6 +91,7 @@ def step(target, drafter, states: list[DecodeState]) -> list[Round]:
     for s in states:
         plan(s)
         settle(s)
+    plan_batch(states)  # one pass for all: the lengths are planned together, from the batch's width
     proposals = [draft(drafter, s) for s in states]
     logits, hidden, width = verify(target, states, proposals)
     rounds = []

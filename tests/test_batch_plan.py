@@ -1,0 +1,150 @@
+"""Batched rounds plan their draft lengths together: per-request lengths in one verify pass, chosen from the
+batch's width and each request's own acceptance, rows that do not pay running plain beside drafting rows;
+and whatever the mix, every request decodes exactly as it would alone."""
+
+from types import SimpleNamespace
+
+import pytest
+
+import factory
+import mlx_spec
+from mlx_spec.calibrate import CostCurve
+from mlx_spec.controller import AdaptiveLength, ControllerMemory, plan_batch
+from mlx_spec.engine.loop import FixedLength
+from mlx_spec.engine.sampling import Sampler, SamplingParams
+from mlx_spec.generate import Generation, encode_prompt, step_all
+
+
+def curve(per_token: float) -> CostCurve:
+    """One row: a flat verify curve (an optimized BLAS). Batched: each extra token in the pass costs
+    `per_token` of a one-token pass (padding included), the compute-bound regime of a wide batch."""
+    batch = [[b, w, 1.0 + per_token * (b * w - 1)] for b in (2, 4, 8) for w in (1, 2, 4, 8)]
+    return CostCurve(verify=[1.0 + 0.05 * m for m in range(8)], draft=[0.1] * 7, rounds=[], batch=batch)
+
+
+def row(c: CostCurve, alpha: float, memory=None, remaining=1 << 30):
+    lengths = AdaptiveLength(c, 7, memory=memory, clock=None)
+    lengths.hits, lengths.trials = [alpha * 50] * 7, [50.0] * 7
+    return SimpleNamespace(lengths=lengths, k=lengths.next(), remaining=remaining)
+
+
+def test_rows_that_do_not_pay_run_plain_beside_drafting_rows():
+    c = curve(0.02)
+    states = [row(c, 0.95), row(c, 0.0), row(c, 0.9), row(c, 0.05)]
+    ks = plan_batch(states)
+    assert ks[0] > 0 and ks[2] > 0 and ks[1] == 0 and ks[3] == 0
+    assert ks[0] == ks[2]  # the pass is as wide as its widest block: a drafting row fills it
+
+
+def test_a_wide_batch_where_padding_costs_stays_plain():
+    steep = curve(0.5)  # a batched pass costs about what its tokens do: a block of 8 per row is 8x the pass
+    assert plan_batch([row(steep, 0.6) for _ in range(8)]) == [0] * 8
+    flat = curve(0.005)
+    assert all(k > 0 for k in plan_batch([row(flat, 0.6) for _ in range(8)]))
+
+
+def test_fixed_rows_keep_their_lengths_and_remaining_tokens_cap_drafts():
+    c = curve(0.02)
+    fixed = SimpleNamespace(lengths=FixedLength(3), k=3, remaining=100)
+    short = row(c, 0.95, remaining=2)
+    assert plan_batch([fixed, row(c, 0.95), short]) == [3, 7, 1]
+
+
+def test_batch_costs_follow_measured_rounds():
+    memory = ControllerMemory()
+    c = curve(0.02)
+    states = [row(c, 0.0, memory) for _ in range(4)]
+    now = [100.0]
+    import mlx_spec.controller as controller
+
+    real = controller.time.perf_counter
+    controller.time.perf_counter = lambda: now[0]
+    try:
+        for _ in range(30):  # plain passes really take twice what the curve says
+            plan_batch(states)
+            now[0] += 2 * c.batch_time(4, 1)
+    finally:
+        controller.time.perf_counter = real
+    assert memory.batch_scale[0] == pytest.approx(2.0, rel=0.1) and memory.batch_scale[1] == 1.0
+
+
+def test_batch_time_interpolates_and_extrapolates():
+    c = curve(0.02)
+    assert c.batch_time(1, 3) == c.verify[2]
+    assert c.batch_time(4, 2) == pytest.approx(1.0 + 0.02 * 7)
+    assert c.batch_time(3, 2) == pytest.approx((c.batch_time(2, 2) + c.batch_time(4, 2)) / 2)
+    assert c.batch_time(4, 3) == pytest.approx((c.batch_time(4, 2) + c.batch_time(4, 4)) / 2)
+    assert c.batch_time(16, 8) > c.batch_time(8, 8)
+    bare = CostCurve(verify=[1.0, 1.1, 1.2], draft=[0.1, 0.1])  # no batch measured: one row of the tokens
+    assert bare.batch_time(2, 1) == 1.1 and bare.batch_time(2, 3) == pytest.approx(1.5)
+
+
+class Script:
+    """Draft lengths from a list, round after round (zeros included): a mixed pass every round."""
+
+    def __init__(self, ks):
+        self.ks, self.i = ks, 0
+
+    def next(self):
+        self.i += 1
+        return self.ks[(self.i - 1) % len(self.ks)]
+
+    def update(self, drafted, accepted):
+        pass
+
+
+REQUESTS = [("def add(a, b):", SamplingParams(), [0, 3, 1, 5, 0, 0, 2]),
+            ("Hello, how are you today?", SamplingParams(temperature=0.8, top_k=20, seed=3), [4, 0, 2, 0, 5]),
+            ("import os", SamplingParams(), [0, 0, 1, 4]),
+            ("class Stack:", SamplingParams(temperature=1.0, top_p=0.9, seed=9), [2, 5, 0])]
+
+
+def gen(model, tok, prompt, sampling, lengths, max_tokens=24):
+    return Generation(model, tok, encode_prompt(tok, prompt), max_tokens, Sampler(sampling, model.config["vocab_size"]),
+                      [], mlx_spec.make_prompt_cache(model), lengths)
+
+
+def decode(model, gens):
+    """Step all generations together until each finishes; the drafted counts of every pass."""
+    outs = [g.start().tokens for g in gens]
+    passes = []
+    while not all(g.finished for g in gens):
+        live = [i for i, g in enumerate(gens) if not g.finished]
+        rs = step_all(model, [gens[i] for i in live])
+        passes.append([r.drafted for r in rs])
+        for i, r in zip(live, rs):
+            outs[i] += r.tokens
+    return outs, passes
+
+
+@pytest.fixture(scope="module")
+def pair(target_dir, drafter_dir):
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    model.drafter = factory.SelfDrafter(model.model, block_size=6, mode="argmax-onehot", error_rate=0.3, seed=1)
+    return model, tok
+
+
+def test_mixed_draft_lengths_in_one_pass_decode_as_plain(pair):
+    model, tok = pair
+    want = [decode(model, [gen(model, tok, p, s, FixedLength(0))])[0][0] for p, s, _ in REQUESTS]
+    got, passes = decode(model, [gen(model, tok, p, s, Script(ks)) for p, s, ks in REQUESTS])
+    assert got == want  # greedy and seeded rows alike
+    assert any(0 in p and max(p) > 0 and len(set(p)) > 2 for p in passes)  # k = 0 beside several lengths
+
+
+def test_planned_batches_decode_as_alone(pair):
+    model, tok = pair
+    c = curve(0.02)
+    c.draft = [0.1] * 5
+    memory = ControllerMemory()
+
+    def planned(alpha):
+        lengths = AdaptiveLength(c, 5, memory=memory)
+        lengths.hits, lengths.trials = [alpha * 50] * 5, [50.0] * 5
+        return lengths
+
+    alphas = [0.95, 0.0, 0.9, 0.0]
+    want = [decode(model, [gen(model, tok, p, s, FixedLength(0))])[0][0] for p, s, _ in REQUESTS]
+    got, passes = decode(model, [gen(model, tok, p, s, planned(a)) for (p, s, _), a in zip(REQUESTS, alphas)])
+    assert got == want
+    assert passes[0][0] > 0 and passes[0][1] == 0  # the planner mixed plain and drafting rows in a pass
