@@ -2,18 +2,33 @@
 rejection sampling on the tiny target, seeded sampling equal to plain seeded decoding, a head trained for
 a few steps on the target's features being accepted, and eval-drafter / bench running a drafter."""
 
+import functools
 import json
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 
+import mlx_spec
+from mlx_spec.calibrate import CostCurve, cache_dir, curve_key
 from mlx_spec.cli import main
 from mlx_spec.engine.sampling import SamplingParams
-from test_lossless_greedy import PROMPTS, plain, spec
+from test_lossless_greedy import PROMPTS, spec
+from test_lossless_greedy import plain as _plain
 from test_lossless_sampling import TINY_N, TINY_PROMPT, chi2_pvalue, count_runs, exact_joint, law_pvalue
 
 TINY_LAW = SamplingParams(temperature=0.9, top_k=5, logit_bias={2: -2.0})
+
+
+@functools.lru_cache(maxsize=None)
+def _plain_cached(model_dir: str, prompt: str, n: int) -> tuple:
+    return tuple(_plain(model_dir, prompt, n))
+
+
+def plain(model_dir, prompt, n) -> list[int]:
+    """mlx-lm's plain greedy tokens, computed once per (folder, prompt, length) in a session: the test
+    folders are written once and never change, and loading + decoding is most of a greedy check's time."""
+    return list(_plain_cached(str(model_dir), prompt, n))
 
 
 def assert_greedy_identity(model, tok, target, prompts, blocks, label, n: int = 24) -> None:
@@ -82,9 +97,23 @@ def assert_training_gets_accepted(model, tok, target, prompt=PROMPTS[0]) -> None
     assert before < 0.1 and after > 0.95, (before, after, train.loss)
 
 
+def preset_cost_curve(common: list[str]) -> None:
+    """Store a cost curve for the pair bench will load, so that it skips its few-second calibration: the
+    smoke test is about bench running the drafter, calibration has tests of its own (test_calibrate)."""
+    opts = dict(zip(common[::2], common[1::2]))
+    model, _ = mlx_spec.load(opts["--model"], drafter=opts.get("--drafter", "auto"), mode=opts.get("--mode", "auto"))
+    b = model.drafter.block_size
+    curve = CostCurve(verify=[1e-3 * (1 + 0.05 * m) for m in range(b)], draft=[2e-4 * k for k in range(1, b)],
+                      rounds=[1e-3 * (1 + 0.08 * k) for k in range(b)])
+    path = cache_dir() / "curves" / f"{curve_key(model)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(curve.__dict__))
+
+
 def assert_eval_drafter_and_bench_run(capsys, common: list[str], eval_args: list[str], bench_block: int,
                                       mode: str | None = None) -> None:
     """eval-drafter prints its τ table; bench's rows are all identical to plain decoding (and of `mode`)."""
+    preset_cost_curve(common)
     assert main(["eval-drafter", *common, *eval_args]) == 0
     assert capsys.readouterr().out.strip()  # the τ table
     assert main(["bench", *common, "--kinds", "code", "--max-tokens", "8", "--repeats", "1", "--block-sizes",

@@ -12,7 +12,8 @@ import mlx_spec
 from mlx_spec.cli import main
 from mlx_spec.model_files import safetensors_header
 from test_dflash2 import make_dflash2
-from test_lossless_greedy import plain, spec
+from drafter_checks import plain
+from test_lossless_greedy import spec
 
 mtp_checkpoints = pytest.importorskip("mtp_checkpoints", reason="the MTP test checkpoints (tests/mtp_checkpoints.py)")
 

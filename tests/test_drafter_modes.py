@@ -6,7 +6,8 @@ import factory
 import mlx_spec
 from mlx_spec.drafters.draft_model import DraftModelDrafter
 from mlx_spec.drafters.lookup import LookupDrafter, LookupState
-from test_lossless_greedy import PROMPTS, plain, spec
+from drafter_checks import plain
+from test_lossless_greedy import PROMPTS, spec
 
 # Sampling under every mode (k = 2..7 drafts, penalties, logit_bias): test_lossless_sampling.py.
 
@@ -34,9 +35,9 @@ def test_greedy_identity(target_dir, other_lm, mode):
     model, tok = mlx_spec.load(str(target_dir), drafter=drafter, mode="lookup" if mode == "lookup" else "draft-model")
     assert isinstance(model.drafter, LookupDrafter if mode == "lookup" else DraftModelDrafter)  # not plain decoding
     for prompt in PROMPTS:
-        ref = plain(target_dir, prompt, 40)
+        ref = plain(target_dir, prompt, 24)
         for block in (2, 5):
-            got, last = spec(model, tok, prompt, 40, block_size=block)
+            got, last = spec(model, tok, prompt, 24, block_size=block)
             assert got == ref, (mode, prompt, block)
             if mode == "draft-model-self":  # the target drafting for itself: every draft is accepted
                 assert last.spec.accepted == last.spec.drafted

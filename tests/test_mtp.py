@@ -14,7 +14,8 @@ import mlx_spec
 import mtp_checkpoints as ckpt
 from mlx_spec.drafters import checkpoint_kind
 from mlx_spec.drafters.mtp import MTPDrafter, has_mtp, mtp_tensor_names
-from test_lossless_greedy import PROMPTS, plain, spec
+from drafter_checks import plain
+from test_lossless_greedy import PROMPTS, spec
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_greedy_identity_every_block(family, qwen35, glm, models_dir):
     if target is None:
         target = ckpt.converted(qwen35, models_dir / "mtp-qwen35-q8", 8)
     model, tok = load(target)
-    blocks = range(2, 9) if family == "qwen35" else (2, 4, 8)
+    blocks = (2, 3, 5, 8) if family == "qwen35" else (2, 4, 8)
     checks.assert_greedy_identity(model, tok, target, PROMPTS[:1], blocks, family)
 
 
@@ -111,7 +112,7 @@ class WithVocab:
 def test_sampling_follows_target_with_several_drafts(tiny):
     """Unseeded rejection sampling on a hybrid target, pooled over 2..7 drafts a round."""
     model, tok = load(tiny)
-    p, accepted = checks.pooled_sampling(model, tok, checks.TINY_LAW, 160, joint=True,
+    p, accepted = checks.pooled_sampling(model, tok, checks.TINY_LAW, 120, joint=True,
                                          law_model=WithVocab(model.model, model.vocab_size))
     assert p > 1e-3
     assert accepted[0] > 10 and accepted[1] > 3, accepted
