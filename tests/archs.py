@@ -23,6 +23,7 @@ FAMILIES = {
     # alternating sliding/full attention with attention sinks, MoE MLP
     "gpt_oss": dict(model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
                     layer_types=["sliding_attention", "full_attention"] * 2, intermediate_size=64),
+    "qwen3": dict(model_type="qwen3"),  # dense, for side-by-side checks
     "qwen3_moe": dict(model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
                       mlp_only_layers=[], moe_intermediate_size=64, norm_topk_prob=True),
     # Gated DeltaNet + full attention (every 2nd layer here)

@@ -3,9 +3,9 @@
 Each request keeps its own per-layer caches. For a batched pass, one view per layer hands the
 model a batch made of those rows and writes each row's update back into that row's own cache:
 
-- `BatchView` (plain KV): per-row offsets (for RoPE); each row's new keys/values go into its own
-  cache and come back right-padded to a common length, with a mask that hides the padding and
-  keeps the block causal;
+- `BatchView` (plain KV; `QuantizedView` for QuantizedKVCache, whose packed parts pad alike):
+  per-row offsets (for RoPE); each row's new keys/values go into its own cache and come back
+  right-padded to a common length, with a mask that hides the padding and keeps the block causal;
 - `WindowView` (SpecRotatingKVCache): the same, with each row's window in the mask (rows keep
   different numbers of old rows, so each query's window starts at its own buffer row);
 - `StateView` (RecurrentCache: Gated DeltaNet, Mamba2, conv, KDA states): the rows' states stacked
@@ -21,7 +21,7 @@ padding would run through a state that is kept.
 from __future__ import annotations
 
 import mlx.core as mx
-from mlx_lm.models.cache import CacheList, KVCache
+from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache
 
 from .recurrent import RecurrentCache
 from .rollback import leaves, replayed
@@ -36,12 +36,7 @@ class BatchView:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         rows = [c.update_and_fetch(keys[i : i + 1], values[i : i + 1]) for i, c in enumerate(self.caches)]
-        width = max(k.shape[2] for k, _ in rows)
-
-        def pad(a):
-            return mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)]) if a.shape[2] < width else a
-
-        return mx.concatenate([pad(k) for k, _ in rows]), mx.concatenate([pad(v) for _, v in rows])
+        return _stack([k for k, _ in rows]), _stack([v for _, v in rows])
 
     def _mask(self, starts: list[int], n: int, window: int | None) -> mx.array:
         """[B, 1, n, L]: query q of row b sits at buffer row starts[b] + q and sees the rows up to it
@@ -55,6 +50,24 @@ class BatchView:
 
     def make_mask(self, n: int, window_size: int | None = None, **_) -> mx.array:
         return self._mask(self.lengths, n, window_size)
+
+
+def _stack(rows: list):
+    """Rows [1, H, L_b, D] right-padded to the longest and stacked; quantized rows are (packed, scales,
+    biases) tuples, each part padded alike (the mask hides the padding whatever it dequantizes to)."""
+    if isinstance(rows[0], tuple):
+        return tuple(_stack(list(part)) for part in zip(*rows))
+    width = max(a.shape[2] for a in rows)
+    return mx.concatenate([mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)]) if a.shape[2] < width
+                           else a for a in rows])
+
+
+class QuantizedView(BatchView):
+    """QuantizedKVCache rows: mlx-lm's attention picks its quantized SDPA by `bits`/`group_size`."""
+
+    def __init__(self, caches: list[QuantizedKVCache]):
+        super().__init__(caches)
+        self.bits, self.group_size = caches[0].bits, caches[0].group_size
 
 
 class WindowView(BatchView):
@@ -107,16 +120,24 @@ def _view(layer: list):
         return StateView(layer)
     if isinstance(first, SpecRotatingKVCache):
         return WindowView(layer)
+    if isinstance(first, QuantizedKVCache):
+        return QuantizedView(layer)
     return BatchView(layer)
 
 
-BATCHABLE = (KVCache, SpecRotatingKVCache, RecurrentCache)
+BATCHABLE = (KVCache, QuantizedKVCache, SpecRotatingKVCache, RecurrentCache)
+
+
+def _kind(c):
+    return type(c), getattr(c, "bits", None), getattr(c, "group_size", None)
 
 
 def can_batch(cache_lists: list[list]) -> bool:
-    """Plain KV, sliding-window and recurrent caches (also inside CacheLists) batch; quantized KV caches
-    and anything else verify one request at a time."""
-    return all(type(c) in BATCHABLE for caches in cache_lists for c in leaves(caches))
+    """Plain KV, quantized KV, sliding-window and recurrent caches (also inside CacheLists) batch when every
+    request's layer has the same kind (quantized ones the same bits and group size); anything else
+    verifies one request at a time."""
+    layers = list(zip(*(leaves(caches) for caches in cache_lists)))
+    return all(type(c) in BATCHABLE and _kind(c) == _kind(layer[0]) for layer in layers for c in layer)
 
 
 def batch_caches(cache_lists: list[list]) -> list:

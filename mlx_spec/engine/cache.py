@@ -45,8 +45,9 @@ class PromptCache:
     FLUSH_ROWS = 256  # bounds the hidden states held for the drafter
     CHECKPOINTS = 4  # prompt ends kept (turn boundaries of a conversation)
 
-    def __init__(self, model, drafter=None):
+    def __init__(self, model, drafter=None, kv_bits: int | None = None, kv_group_size: int = 64):
         self.model = model
+        self.kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size)  # quantized KV caches (mlx-lm's), if set
         self._body = body(model)
         self._drafter = drafter
         self.deferred: list[int] | None = None  # accepted tokens whose replay waits (see add)
@@ -55,7 +56,7 @@ class PromptCache:
 
     def reset(self) -> None:
         """Forget everything: a fresh target cache and drafter state."""
-        self.cache = make_cache(self.model, rollback=self._drafter is not None)  # the target's per-layer caches
+        self.cache = make_cache(self.model, rollback=self._drafter is not None, **self.kv)  # per-layer caches
         self.tokens: list[int] = []  # tokens whose rows are in `cache`
         self._state = self._drafter.make_state() if self._drafter is not None else None
         self._pending: list[tuple[mx.array | None, list[int]]] = []  # rows the drafter has not seen

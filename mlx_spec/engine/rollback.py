@@ -27,13 +27,16 @@ UNBOUNDED = 1 << 60  # a plain KV cache can go back to any earlier token
 PLAIN_KV = (KVCache, QuantizedKVCache, ConcatenateKVCache)
 
 
-def spec_caches(caches: list, slack: int = 0) -> list:
-    """mlx-lm's caches, with sliding windows and recurrent states swapped for ones that roll back exactly."""
+def spec_caches(caches: list, slack: int = 0, kv_bits: int | None = None, kv_group_size: int = 64) -> list:
+    """mlx-lm's caches, with sliding windows and recurrent states swapped for ones that roll back exactly;
+    with kv_bits, full-attention KV caches quantized from the first token (mlx-lm's QuantizedKVCache)."""
     def swap(c):
         if type(c) is RotatingKVCache and c.keep == 0:
             return SpecRotatingKVCache.like(c, slack)
         if type(c) is ArraysCache:
             return RecurrentCache.like(c)
+        if type(c) is KVCache and kv_bits:
+            return QuantizedKVCache(group_size=kv_group_size, bits=kv_bits)
         if isinstance(c, CacheList):
             return CacheList(*(swap(x) for x in c.caches))
         return c
@@ -68,9 +71,9 @@ def speculation_problem(model, caches: list | None = None) -> str | None:
     return None
 
 
-def make_cache(model, rollback: bool = True) -> list:
+def make_cache(model, rollback: bool = True, kv_bits: int | None = None, kv_group_size: int = 64) -> list:
     """The target's prompt cache. Speculation needs every layer able to roll back; plain decoding does not."""
-    caches = spec_caches(make_prompt_cache(model))
+    caches = spec_caches(make_prompt_cache(model), kv_bits=kv_bits, kv_group_size=kv_group_size)
     problem = speculation_problem(model, caches) if rollback else None
     if problem:
         raise MlxSpecError(f"speculative decoding is not supported on {problem}; plain decoding works (drafter=None)")
