@@ -38,6 +38,17 @@ def versions() -> str:
     return f"mlx {mx.__version__}, mlx-lm {mlx_lm.__version__}, mlx-spec {__version__}"
 
 
+class _OneRank:
+    """A one-rank group for mlx-lm's `pipeline()`: it keeps every (local) layer, sends nothing, and
+    recomputes the layer indices its masks come from (Qwen3.5: the first linear and attention layers)."""
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+
 def load_stage(path, layout_for, dtype: str | None = None):
     """The model with only this rank's decoder layers, loaded lazily so that the other layers'
     tensors are never read from disk; and its tokenizer and config."""
@@ -54,6 +65,8 @@ def load_stage(path, layout_for, dtype: str | None = None):
     layout = layout_for(len(layers))
     owner.layers = layers[layout.start : layout.end]  # the others' tensors stay unread, then are dropped
     del layers
+    if callable(getattr(owner, "pipeline", None)):
+        owner.pipeline(_OneRank())  # mlx-lm's own bookkeeping of which local layer makes which mask (hybrids)
     if dtype is not None:
         model.set_dtype(getattr(mx, dtype))
     mx.eval(model.parameters())

@@ -7,13 +7,20 @@ masks and RoPE offsets come out as in one process). Two wrappers around the end 
   [B, M, H] followed by the tapped hidden states of the layers before this stage;
 - `Leave` (last local layer, all but the last stage): sends its output, those taps and its own taps
   to the next stage, and starts the send at once, so that a pass whose outputs nobody reads (a
-  prefill chunk, a replay) still feeds the next stage.
+  prefill chunk) still feeds the next stage.
+
+Replays (a rewound recurrent state fed its accepted tokens again) need no network: a stage replays
+the first rows of the input it received in that request's latest pass, which is exactly what the
+stages before it would send again. So ranks whose layers hold no recurrent state, and replay
+nothing, never wait for those that do.
 
 On the last stage the taps arrive in layer order, as one process's taps do; its logits are shared
 with every rank (an all_sum to which the other ranks add zeros: bitwise the last stage's values).
 """
 
 from __future__ import annotations
+
+import weakref
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -31,6 +38,8 @@ class _Link:
         self.layout, self.group, self.sink, self.n_upstream = layout, group, sink, n_upstream
         self.upstream: mx.array | None = None
         self.mark = 0
+        self.live = False  # inside PipelineTarget.__call__ (else: a replay pass through the body)
+        self.inputs = weakref.WeakKeyDictionary()  # a request's first-layer cache -> (input [B, M, H], row)
 
     def local_taps(self) -> list[mx.array]:
         return self.sink.values[self.mark :]
@@ -51,16 +60,28 @@ class _Wrapper(nn.Module):
             return getattr(self["inner"], key)
 
 
+def _rows(cache) -> list:
+    """The per-request caches behind a layer's cache argument (a batch view holds several)."""
+    return list(cache.caches) if hasattr(cache, "caches") and not hasattr(cache, "state") else [cache]
+
+
 class Enter(_Wrapper):
     def __call__(self, x, *args, **kwargs):
         link = self._link
         link.mark, link.upstream = len(link.sink.values), None
-        if link.layout.source is not None:
+        cache = kwargs.get("cache", args[1] if len(args) > 1 else None)  # mlx-lm layers: (x, mask, cache)
+        if link.layout.source is not None and not link.live:  # a replay: this stage's input, kept
+            n = x.shape[1]
+            x = mx.concatenate([got[row : row + 1, :n] for got, row in (link.inputs[c] for c in _rows(cache))])
+        elif link.layout.source is not None:
             h = x.shape[-1]
             payload = mx.distributed.recv((*x.shape[:-1], h * (1 + link.n_upstream)), x.dtype,
                                           link.layout.source, group=link.group)
             x = payload[..., :h]
             link.upstream = payload[..., h:] if link.n_upstream else None
+            if cache is not None:
+                for row, c in enumerate(_rows(cache)):
+                    link.inputs[c] = (x, row)
         return self.inner(x, *args, **kwargs)
 
 
@@ -68,6 +89,8 @@ class Leave(_Wrapper):
     def __call__(self, *args, **kwargs):
         out = self.inner(*args, **kwargs)
         link = self._link
+        if not link.live:
+            return out  # a replay: the next stage replays its own kept input
         parts = [out] + ([link.upstream] if link.upstream is not None else []) + link.local_taps()
         payload = mx.concatenate([p.astype(out.dtype) for p in parts], axis=-1) if len(parts) > 1 else out
         sent = mx.distributed.send(payload, link.layout.dest, group=link.group)
@@ -124,11 +147,15 @@ class PipelineTarget(Target):
 
     def __call__(self, tokens: mx.array, cache) -> tuple[mx.array, mx.array | None]:
         shape = (*tokens.shape, self.vocab_size)
-        if not self.layout.is_last:
-            self._body(tokens, cache=cache)  # Leave has started the send; nothing here is read
-            self._sink.values.clear()
-            return mx.distributed.all_sum(mx.zeros(shape, mx.float32), group=self.group), None
-        logits = self.model(tokens, cache=cache).astype(mx.float32)
+        self._link.live = True
+        try:
+            if not self.layout.is_last:
+                self._body(tokens, cache=cache)  # Leave has started the send; nothing here is read
+                self._sink.values.clear()
+                return mx.distributed.all_sum(mx.zeros(shape, mx.float32), group=self.group), None
+            logits = self.model(tokens, cache=cache).astype(mx.float32)
+        finally:
+            self._link.live = False
         if logits.shape != shape:
             raise LoadError(f"the target's logits are {logits.shape}, expected {shape} (vocab_size in config.json)")
         hidden = None

@@ -1,0 +1,63 @@
+"""Start N local ranks of a script over the ring backend (as `mlx.launch --backend ring -n N` does:
+a hostfile of local ports and MLX_RANK), with a hard timeout: a test can never hang on them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start(n: int, args: list[str], env: dict | None = None) -> list[subprocess.Popen]:
+    """The ranks of `python args...`, stdout/stderr to files (read with `finish`)."""
+    hostfile = Path(tempfile.mkstemp(suffix=".json")[1])
+    hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(n)]))
+    procs = []
+    for rank in range(n):
+        e = {**os.environ, **(env or {}), "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile),
+             "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        p = subprocess.Popen([sys.executable, *args], env=e, stdout=out, stderr=err, cwd=REPO, start_new_session=True)
+        p.out, p.err = out, err
+        procs.append(p)
+    return procs
+
+
+def finish(procs: list[subprocess.Popen], timeout: float) -> list[tuple[int, str, str]]:
+    """Wait for every rank (killing them all at the deadline): (returncode, stdout, stderr) per rank."""
+    deadline = time.monotonic() + timeout
+    for p in procs:
+        try:
+            p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    results = []
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        p.out.seek(0), p.err.seek(0)
+        results.append((p.returncode, p.out.read().decode(errors="replace"), p.err.read().decode(errors="replace")))
+    return results
+
+
+def run(n: int, args: list[str], timeout: float, env: dict | None = None) -> list[tuple[int, str, str]]:
+    return finish(start(n, args, env), timeout)

@@ -1,0 +1,68 @@
+"""One rank of a distributed test run: `python tests/distributed_worker.py SPEC.json OUT.json`, started
+N times by `distributed_launch` (or `mlx.launch`). Runs the spec's generation cases through a
+pipeline-split target; rank 0 writes what they generated, and every rank's share of the weights.
+
+`run_cases` is also what the tests run in one process, for the reference output."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+
+def run_cases(model, tokenizer, cases: list[dict]) -> dict:
+    from mlx_spec.generate import make_generation, step_all
+
+    out = {}
+    for case in cases:
+        gens = [make_generation(model, tokenizer, p, case["max_tokens"], block_size=case.get("block_size"),
+                                adaptive=False, **case.get("sampling", {})) for p in case["prompts"]]
+        tokens = [list(g.start().tokens) for g in gens]
+        while any(not g.finished for g in gens):
+            live = [i for i, g in enumerate(gens) if not g.finished]
+            for i, r in zip(live, step_all(model, [gens[i] for i in live])):
+                tokens[i] += r.tokens
+        out[case["name"]] = {"tokens": tokens, "accepted": sum(g.stats.accepted for g in gens),
+                             "rounds": sum(g.stats.rounds for g in gens)}
+    return out
+
+
+def load_kwargs(group: dict) -> dict:
+    return dict(drafter=group.get("drafter", "auto"), mode=group.get("mode", "auto"), block_size=group.get("block_size"))
+
+
+def main(spec_path: str, out_path: str) -> int:
+    from mlx_spec.distributed import DistributedError, Session
+    from mlx_spec.distributed.load import load_distributed
+
+    spec = json.loads(Path(spec_path).read_text())
+    from mlx_spec.distributed.session import DistributedConfig
+
+    session = Session(DistributedConfig(timeout=float(spec.get("timeout", 30))))
+    result = {"groups": [], "param_bytes": None}
+    try:
+        for group in spec["groups"]:
+            with session.guard("loading"):
+                model, tokenizer = load_distributed(session, group.get("target"), **load_kwargs(group))
+            nbytes = sum(v.nbytes for _, v in tree_flatten(model.model.parameters()))
+            result["param_bytes"] = mx.distributed.all_gather(mx.array([nbytes])[None]).reshape(-1).tolist()
+            if group.get("endless"):  # the test kills a rank while this runs
+                (Path(group["endless"]) / f"rank{session.rank}.pid").write_text(str(os.getpid()))
+            with session.guard("generation"):
+                result["groups"].append(run_cases(model, tokenizer, group["cases"]))
+    except DistributedError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
+    if session.is_root:
+        Path(out_path).write_text(json.dumps(result))
+    session.barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))
