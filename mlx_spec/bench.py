@@ -58,6 +58,48 @@ def long_context_prompt(tokenizer, n_tokens: int) -> list[dict]:
     return [{"role": "user", "content": f"```python\n{code}\n```\n\nRewrite this code with docstrings."}]
 
 
+def raw_prompts() -> list[dict]:
+    """Raw code continuations, no chat template (what /v1/completions and notebooks send): the first third
+    of a few standard-library functions, to be completed."""
+    import inspect
+    import json
+    import statistics
+    import textwrap
+    import threading
+
+    out = []
+    for fn in (textwrap.dedent, textwrap.indent, json.dumps, inspect.getdoc, statistics.median, statistics.mean,
+               threading.Thread.join):
+        try:
+            lines = inspect.getsource(fn).splitlines(keepends=True)
+        except (OSError, TypeError):  # a Python installed without its sources
+            continue
+        out.append({"raw": "".join(lines[: max(4, len(lines) // 3)])})
+    return out or [{"raw": "def add(a, b):\n    "}]
+
+
+def long_chat_prompt(tokenizer, n_tokens: int) -> list[dict]:
+    """A long multi-turn chat (earlier turns on code, answered), at most about n_tokens, then a new request."""
+    ask = [{"role": "user", "content": "Write a Python function that reverses a list."}]
+    turns: list[dict] = []
+    for fn in raw_prompts() * 8:
+        turn = [{"role": "user", "content": f"Here is part of a function:\n```python\n{fn['raw']}```\nWhat does it do?"},
+                {"role": "assistant", "content": "It " + fn["raw"].split("\n")[0].strip().rstrip(":") + "."}]
+        if turns and len(encode(tokenizer, turns + turn + ask)) > n_tokens:
+            break
+        turns += turn
+    return turns + ask
+
+
+def encode(tokenizer, prompt) -> list[int]:
+    """A bench prompt: a string is one chat request, {"raw": text} a raw completion, a list chat messages."""
+    from .generate import encode_prompt
+
+    if isinstance(prompt, dict):
+        return encode_prompt(tokenizer, prompt["raw"])
+    return encode_prompt(tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)
+
+
 @dataclass
 class Sample:
     tokens: list[int]
@@ -135,17 +177,16 @@ class Row:
     mode: str = "auto"
     mean_draft: float = 0.0
     tokens: float = 0.0  # median tokens generated per run: a few tokens make a noisy speed
+    prompt_tokens: float = 0.0  # median prompt length
 
 
 def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, block_size: int | None,
                repeats: int, curve=None) -> Row:
     """Interleaved plain/spec runs over one kind of prompt; medians over prompts x repeats
     (the speedup is the median of the paired ratios)."""
-    from .generate import encode_prompt
-
     plain, spec, divergences = [], [], []
     for prompt in prompts:
-        ids = encode_prompt(tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)
+        ids = encode(tokenizer, prompt)
         run_plain(model, tokenizer, ids, 4)  # warm-up both paths
         run_spec(model, tokenizer, ids, 4, block_size)
         for _ in range(repeats):
@@ -166,6 +207,7 @@ def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, bloc
         acceptance=[med(col) for col in zip(*[s.acceptance for s in spec if s.acceptance])] if spec else [],
         peak_gb=max(s.peak_gb for s in spec), identical=not divergences, divergences=divergences,
         mean_draft=med([s.mean_draft for s in spec]), tokens=med([len(s.tokens) for s in spec]),
+        prompt_tokens=med([len(encode(tokenizer, p)) for p in prompts]),
     )
     row.speedup = med([b.decode_tps / max(a.decode_tps, 1e-9) for a, b in zip(plain, spec)])  # pairwise: drift cancels
     if curve is not None and block_size:
@@ -175,8 +217,24 @@ def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, bloc
     return row
 
 
-def as_json(rows: list[Row], meta: dict) -> dict:
-    return {"schema": "mlx-spec-bench/1", "meta": meta, "results": [asdict(r) for r in rows]}
+def summary(rows: list[Row]) -> list[dict]:
+    """Per mode and kind: auto against the best fixed block (chosen in hindsight)."""
+    out = []
+    for mode, kind in dict.fromkeys((r.mode, r.kind) for r in rows):
+        mine = [r for r in rows if (r.mode, r.kind) == (mode, kind)]
+        auto = next((r for r in mine if r.block.split()[0] == "auto"), None)
+        fixed = [r for r in mine if r.block.split()[0].isdigit()]
+        best = max(fixed, key=lambda r: r.speedup, default=None)
+        out.append({"mode": mode, "kind": kind, "auto_speedup": auto.speedup if auto else None,
+                    "auto_tau": auto.tau if auto else None, "best_fixed_block": best.block if best else None,
+                    "best_fixed_speedup": best.speedup if best else None,
+                    "auto_vs_best_fixed": auto.speedup / best.speedup if auto and best and best.speedup else None})
+    return out
+
+
+def as_json(rows: list[Row], meta: dict, extra: dict | None = None) -> dict:
+    return {"schema": "mlx-spec-bench/2", "meta": meta, "results": [asdict(r) for r in rows], "summary": summary(rows),
+            **(extra or {})}
 
 
 def run_mlx_lm_draft(model, tokenizer, ids, max_tokens, draft_model, num_draft: int) -> Sample:

@@ -10,7 +10,7 @@ from mlx_spec import bench
 
 SCHEMA_KEYS = {"kind", "block", "plain_decode_tps", "spec_decode_tps", "plain_e2e_tps", "spec_e2e_tps", "plain_ttft",
                "spec_ttft", "speedup", "tau", "acceptance", "peak_gb", "identical", "divergences", "bound", "efficiency", "mode", "mean_draft",
-               "tokens"}
+               "tokens", "prompt_tokens"}
 
 
 def test_first_divergence():
@@ -43,7 +43,10 @@ def test_cli_json(target_dir, drafter_dir, tmp_path):
                          env={**__import__("os").environ, "MLX_SPEC_CACHE": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
-    assert data["schema"] == "mlx-spec-bench/1" and "cost_curve" in data["meta"]
+    assert data["schema"] == "mlx-spec-bench/2" and "cost_curve" in data["meta"]
+    assert data["meta"]["blas"] and len(data["meta"]["load_average"]) == 3 and data["meta"]["cost_curve"]["seconds"]
+    assert [(s["mode"], s["kind"]) for s in data["summary"]] == [(m, k) for m in ("auto", "lookup") for k in ("code", "long")]
+    assert all(s["best_fixed_block"] == "3" and s["auto_vs_best_fixed"] > 0 for s in data["summary"])
     rows = data["results"]
     assert [(r["mode"], r["kind"], r["block"]) for r in rows] == [
         (m, k, b) for m in ("auto", "lookup") for k in ("code", "long") for b in ("auto", "3")]
@@ -71,3 +74,39 @@ def test_mlx_lm_draft_model_mode_runs_side_by_side(target_dir, drafter_dir):
     plain = bench.run_plain(model, tok, ids, 16)
     other = bench.run_mlx_lm_draft(model, tok, ids, 16, draft_model=model.model, num_draft=2)
     assert other.tokens == plain.tokens and other.decode_tps > 0
+
+
+def test_raw_and_long_chat_kinds(target_dir, drafter_dir):
+    from types import SimpleNamespace
+
+    from mlx_spec.commands.bench import prompt_sets
+
+    _, tok = mlx_spec.load(str(target_dir), drafter=None)
+    args = SimpleNamespace(kinds="raw,long-chat", long_context=1500, prompts=None)
+    sets = prompt_sets(args, tok)
+    raw = sets["raw"][0]
+    assert bench.encode(tok, raw) == tok.encode(raw["raw"])  # no chat template around a raw completion
+    chat = sets["long-chat"][0]
+    assert len(chat) >= 3 and chat[-1]["role"] == "user" and len(bench.encode(tok, chat)) <= 1500
+    with pytest.raises(mlx_spec.MlxSpecError, match="unknown prompt kind"):
+        prompt_sets(SimpleNamespace(kinds="cod", long_context=64, prompts=None), tok)
+
+
+def test_summary_puts_auto_against_the_best_fixed_block():
+    rows = [bench.Row("code", b, 10, 10 * s, 9, 9, 0.1, 0.1, s, 2.0, [0.5], 0.1, True)
+            for b, s in (("auto", 2.0), ("4", 1.5), ("8", 2.5))]
+    (s,) = bench.summary(rows)
+    assert s["best_fixed_block"] == "8" and s["auto_vs_best_fixed"] == pytest.approx(0.8)
+
+
+def test_vs_dspark_needs_mlx_dspark(target_dir, drafter_dir):
+    try:
+        import mlx_dspark  # noqa: F401
+    except ImportError:
+        from mlx_spec.bench_dspark import load_peer
+
+        model, _ = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+        with pytest.raises(mlx_spec.MlxSpecError, match="needs mlx-dspark"):
+            load_peer(model)
+        return
+    pytest.skip("mlx-dspark is importable here: the side-by-side runs in the benchmark, not as a unit test")

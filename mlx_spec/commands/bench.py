@@ -9,11 +9,13 @@ from pathlib import Path
 from ..options import add_model_arguments
 
 KINDS = ("code", "chat", "math", "edit", "long")
+EXTRA_KINDS = ("raw", "long-chat")  # raw code continuations (no chat template); a long multi-turn chat
 
 
 def add_arguments(p) -> None:
     add_model_arguments(p)
-    p.add_argument("--kinds", default=",".join(KINDS), help="built-in prompt kinds to run")
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help=f"built-in prompt kinds to run: {', '.join(KINDS + EXTRA_KINDS)}")
     p.add_argument("--prompts", type=Path, default=None, help="JSONL of your own prompts (optional 'kind')")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="plain/spec pairs per prompt (medians reported)")
@@ -22,6 +24,9 @@ def add_arguments(p) -> None:
     p.add_argument("--kernels", default="on", help="'on', 'off' or 'on,off' (custom Metal kernels)")
     p.add_argument("--modes", default=None, help="drafting modes side by side, e.g. auto,lookup (default: --mode)")
     p.add_argument("--vs-draft-model", default=None, help="also run mlx-lm's speculative mode with this draft model")
+    p.add_argument("--vs-dspark", default=None, metavar="CAPS",
+                   help="also run mlx-dspark's DFlash loop with these fixed draft caps, e.g. 1,2,3,7 (needs mlx-dspark "
+                        "importable; optional)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", default=None, help="write speedup vs block size per kind to this PNG")
     p.add_argument("--rollback", nargs="?", const="", default=None, metavar="DIR",
@@ -30,13 +35,20 @@ def add_arguments(p) -> None:
 
 
 def prompt_sets(args, tokenizer) -> dict[str, list]:
-    from ..bench import PROMPTS, edit_prompts, long_context_prompt
+    from ..bench import PROMPTS, edit_prompts, long_chat_prompt, long_context_prompt, raw_prompts
+    from ..errors import MlxSpecError
     from ..train.data import read_prompts
 
     sets = {}
     for kind in [k for k in args.kinds.split(",") if k]:
+        if kind not in KINDS + EXTRA_KINDS:
+            raise MlxSpecError(f"unknown prompt kind {kind!r}: choose from {', '.join(KINDS + EXTRA_KINDS)}")
         if kind == "long":
             sets["long"] = [long_context_prompt(tokenizer, args.long_context)]
+        elif kind == "long-chat":
+            sets["long-chat"] = [long_chat_prompt(tokenizer, args.long_context)]
+        elif kind == "raw":
+            sets["raw"] = raw_prompts()
         elif kind == "edit":
             sets["edit"] = edit_prompts()
         elif kind in PROMPTS:
@@ -58,7 +70,7 @@ def run(args) -> int:
     from ..errors import MlxSpecError
     from ..loading import load
 
-    rows, meta = [], {"mlx": mx.__version__, "device": str(mx.default_device())}
+    rows, meta = [], {"mlx": mx.__version__, "device": str(mx.default_device()), **machine()}
     setups = [(m, k) for m in (args.modes or args.mode).split(",") for k in args.kernels.split(",")]
     for mode, kernels in setups:
         model, tok = load(args.model, drafter=args.drafter, mode=mode, dtype=args.dtype, kernels=kernels == "on")
@@ -68,7 +80,10 @@ def run(args) -> int:
         curve = calibrated_curve(model, model.drafter.block_size)
         meta["rollback_ms"] = rollback_line(model, model.drafter.block_size)
         meta["cost_curve"] = {"verify_ratio": [round(r, 3) for r in curve.ratios()], "t1_ms": curve.verify[0] * 1e3,
-                              "round_ratio": [round(r, 3) for r in curve.round_ratios()]}
+                              "round_ratio": [round(r, 3) for r in curve.round_ratios()],
+                              "plain_step_ms": curve.rounds[0] * 1e3 if curve.rounds else None,
+                              "seconds": {"verify": curve.verify, "draft": curve.draft, "rounds": curve.rounds,
+                                          "batch": curve.batch}}
         sizes = [None if b == "auto" else int(b) for b in args.block_sizes.split(",")]
         for kind, prompts in prompt_sets(args, tok).items():
             for size in sizes:
@@ -80,20 +95,49 @@ def run(args) -> int:
                     print(f"{kind} {mode} block={row.block}: speedup {row.speedup:.2f}x τ {row.tau:.2f}", file=sys.stderr)
     if args.vs_draft_model:
         rows += draft_model_rows(args, model, tok)
+    extra = {}
+    if args.vs_dspark:
+        from ..bench_dspark import compare
+
+        extra["vs_dspark"] = compare(model, tok, prompt_sets(args, tok), [int(c) for c in args.vs_dspark.split(",")],
+                                     args.max_tokens, args.repeats)
+    meta["load_average_end"] = machine()["load_average"]
     if args.plot:
         plot(rows, args.plot)
     if args.json:
-        print(json.dumps(as_json(rows, meta), indent=2))
+        print(json.dumps(as_json(rows, meta, extra), indent=2))
     else:
         show(rows, meta)
+        if extra:
+            show_dspark(extra["vs_dspark"])
     return 0 if all(r.identical for r in rows) else 1
+
+
+def machine() -> dict:
+    """What the figures depend on: the BLAS doing float32 GEMMs, and how busy the machine was."""
+    import os
+
+    from ..platform_blas import blas_info
+
+    blas = blas_info()
+    return {"blas": "bundled reference BLAS" if blas.reference else (blas.optimized or "optimized BLAS"),
+            "load_average": [round(x, 2) for x in os.getloadavg()], "cpu_count": os.cpu_count()}
+
+
+def show_dspark(rows: list[dict]) -> None:
+    from rich.console import Console
+
+    for r in rows:
+        caps = " ".join(f"cap {c}: {t:.1f}" for c, t in r["dspark_tps_by_cap"].items())
+        Console(width=200).print(f"vs mlx-dspark, {r['kind']}: mlx-spec auto {r['mlx_spec_auto_tps']:.1f} tok/s; "
+                                 f"mlx-dspark {caps} tok/s; mlx-spec / best cap ({r['dspark_best_cap']}) "
+                                 f"{r['ratio_vs_best']:.2f}x (median of {r['pairs']} pairs)")
 
 
 def draft_model_rows(args, model, tok):
     import statistics
 
-    from ..bench import Row, run_mlx_lm_draft, run_plain
-    from ..generate import encode_prompt
+    from ..bench import Row, encode, run_mlx_lm_draft, run_plain
     from ..model_files import load_target, resolve
 
     draft, _, _ = load_target(resolve(args.vs_draft_model))
@@ -101,7 +145,7 @@ def draft_model_rows(args, model, tok):
     for kind, prompts in prompt_sets(args, tok).items():
         pairs = []
         for p in prompts:
-            ids = encode_prompt(tok, [{"role": "user", "content": p}] if isinstance(p, str) else p)
+            ids = encode(tok, p)
             run_mlx_lm_draft(model, tok, ids, 4, draft, 2)
             for _ in range(args.repeats):
                 pairs.append((run_plain(model, tok, ids, args.max_tokens),
@@ -135,6 +179,11 @@ def show(rows, meta) -> None:
         console = Console(width=200)
     console.print(t)
     curve = meta.get("cost_curve", {})
+    console.print(f"{meta.get('blas')}; load average {meta.get('load_average')} at start, "
+                  f"{meta.get('load_average_end')} at the end ({meta.get('cpu_count')} CPUs)")
+    if curve.get("plain_step_ms"):
+        console.print(f"one synchronous target pass t(1) {curve['t1_ms']:.2f} ms; a plain step (running ahead, as "
+                      f"generate decodes) {curve['plain_step_ms']:.2f} ms")
     console.print("cost curve t(M)/t(1), M=1…: " + " ".join(f"{x:.2f}" for x in curve.get("verify_ratio", [])))
     rounds = curve.get("round_ratio", [])
     console.print("measured round / plain step, k=0… drafts: " + " ".join(f"{x:.2f}" for x in rounds))

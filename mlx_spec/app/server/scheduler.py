@@ -79,6 +79,7 @@ class Scheduler:
     def _load(self) -> bool:
         try:
             self.backend.load()
+            self._calibrate_batches()
             self.metrics.model = self.backend.info.id
             self._start_learning()
             return True
@@ -88,6 +89,15 @@ class Scheduler:
             return False
         finally:
             self.ready.set()
+
+    def _calibrate_batches(self) -> None:
+        """Batched rounds plan their draft lengths from what a batched pass costs here (controller.plan_batch):
+        measured once for up to --max-active rows while loading, then cached with the cost curve."""
+        model, cfg = self.backend.model, self.backend.cfg
+        if model.drafter is not None and cfg.block_size is None and self.max_active > 1:
+            from mlx_spec.calibrate import calibrated_curve
+
+            calibrated_curve(model, model.drafter.block_size, batch_rows=self.max_active)
 
     def _start_learning(self) -> None:
         from mlx_spec.history import History, target_key

@@ -1,0 +1,48 @@
+"""The server's speculation-under-load benchmark: its table, against two stand-in servers."""
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from mlx_spec.app.server import loadbench_spec
+
+
+def server(tokens: int):
+    seen = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append((self.path, body))
+            out = json.dumps({"usage": {"completion_tokens": tokens}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd, seen
+
+
+def test_table_pairs_spec_and_plain_servers(capsys):
+    spec, spec_seen = server(8)
+    plain, plain_seen = server(4)
+    try:
+        loadbench_spec.main(["--spec", f"http://127.0.0.1:{spec.server_port}", "--plain",
+                             f"http://127.0.0.1:{plain.server_port}", "--clients", "1,3", "--repeats", "1",
+                             "--per-client", "1", "--json"])
+    finally:
+        spec.shutdown()
+        plain.shutdown()
+    data = json.loads(capsys.readouterr().out)
+    rows = data["results"]
+    assert [(r["kind"], r["clients"]) for r in rows] == [("code", 1), ("code", 3), ("raw", 1), ("raw", 3)]
+    assert all(r["spec_tps"] > 0 and r["plain_tps"] > 0 and len(r["ratios"]) == 1 for r in rows)
+    paths = {p for p, _ in spec_seen}
+    assert paths == {"/v1/chat/completions", "/v1/completions"} == {p for p, _ in plain_seen}
+    raw = [b for p, b in spec_seen if p == "/v1/completions"]
+    assert raw and all("prompt" in b and b["temperature"] == 0.0 for b in raw)  # raw text, no chat template
