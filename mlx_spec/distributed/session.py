@@ -82,9 +82,11 @@ class Session:
     # ------------------------------------------------------------------ failing clearly
 
     @contextmanager
-    def guard(self, what: str):
-        """Run collective work: a lost peer becomes a DistributedError; a stall ends the process."""
-        self.progress(what)
+    def guard(self, what: str, watch: bool = True):
+        """Run collective work: a lost peer becomes a DistributedError; a stall ends the process
+        (unless `watch` is False: waiting for work, which may rightly take any time)."""
+        if watch:
+            self.progress(what)
         try:
             yield self
         except RuntimeError as e:

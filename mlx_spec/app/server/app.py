@@ -13,8 +13,8 @@ from .routes import router
 from .state import ServerState
 
 
-def create_app(config: ServerConfig) -> FastAPI:
-    state = ServerState.build(config)
+def create_app(config: ServerConfig, backend=None) -> FastAPI:
+    state = ServerState.build(config, backend)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -30,9 +30,7 @@ class Backend:
         self.model = self.tokenizer = self.pool = self.info = None
 
     def load(self) -> None:
-        self.model, self.tokenizer = mlx_spec.load(self.cfg.target, drafter=self.cfg.drafter, mode=self.cfg.mode,
-                                                   dtype=self.cfg.dtype, kernels=self.cfg.kernels,
-                                                   block_size=self.cfg.block_size)
+        self.model, self.tokenizer = self.load_model()
         self.pool = PrefixCachePool(lambda: mlx_spec.make_prompt_cache(self.model), self.prefix_cache_size)
         drafter = self.model.drafter
         mlx_spec.check_block_size(self.model, self.cfg.block_size)  # a bad --block-size fails at start-up
@@ -43,6 +41,11 @@ class Backend:
             max_prompt_chars=prompt_char_bound(self.tokenizer, self.model.context_length))
         if drafter is not None and self.cfg.block_size is None:  # while /health says loading, not in a first request
             mlx_spec.cost_curve(self.model)
+
+    def load_model(self):
+        """(model, tokenizer); a distributed backend loads its rank's share instead."""
+        return mlx_spec.load(self.cfg.target, drafter=self.cfg.drafter, mode=self.cfg.mode, dtype=self.cfg.dtype,
+                             kernels=self.cfg.kernels, block_size=self.cfg.block_size)
 
     def start(self, seq: Sequence) -> None:
         """Give the request a cache (sharing its prefix when one is idle) and its generation."""

@@ -37,6 +37,9 @@ def add_arguments(p) -> None:
     p.add_argument("--adapt-when-idle", type=float, default=0.0, metavar="SECONDS",
                    help="adapt the drafter to the recorded history when no request came for this long (0: never)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    from mlx_spec.distributed.cli import add_distributed_arguments
+
+    add_distributed_arguments(p)  # --distributed: rank 0 listens, the other ranks follow its schedule
 
 
 def config_from(args) -> ServerConfig:
@@ -61,6 +64,10 @@ def api_keys(given: list[str] | None) -> tuple[str, ...]:
 
 def run(args) -> int:
     cfg = config_from(args)  # refuses a non-loopback address without a key, before anything loads
+    if args.distributed:
+        from mlx_spec.distributed.serve import run_serve
+
+        return run_serve(args, cfg)
     from .app import create_app
     from .serve import make_server
 

@@ -21,8 +21,9 @@ class ServerState:
     _prompts: PromptBuilder | None = field(default=None, repr=False)
 
     @classmethod
-    def build(cls, config: ServerConfig) -> "ServerState":
-        backend, metrics = Backend(config.model, config.prefix_cache_size), Metrics()
+    def build(cls, config: ServerConfig, backend: Backend | None = None) -> "ServerState":
+        """`backend`: one built elsewhere (serve --distributed); default: this process loads the model."""
+        backend, metrics = backend or Backend(config.model, config.prefix_cache_size), Metrics()
         scheduler = Scheduler(backend, metrics, config.max_active, config.max_queue, config.retry_after, config.learn)
         return cls(config, backend, scheduler, metrics)
 
