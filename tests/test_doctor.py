@@ -20,9 +20,14 @@ def doctor(*args, **env):
 
 
 def test_doctor_reports_platform_and_curve(target_dir, drafter_dir, tmp_path):
-    info = doctor("--model", str(target_dir), "--drafter", str(drafter_dir), MLX_SPEC_CACHE=str(tmp_path))
-    for key in ("mlx", "mlx_lm", "device", "metal", "memory_gib", "blas", "cost_curve", "chosen_length"):
+    info = doctor("--model", str(target_dir), "--drafter", str(drafter_dir), "--long-context", "96,192",
+                  MLX_SPEC_CACHE=str(tmp_path))
+    for key in ("mlx", "mlx_lm", "device", "metal", "memory_gib", "blas", "cost_curve", "chosen_length", "long_context"):
         assert key in info
+    assert [lc["context"] for lc in info["long_context"]] == [96, 192]
+    for lc in info["long_context"]:  # prefill and verify cost at long context
+        assert lc["prefill_ms_per_token"] > 0 and set(lc["verify_ms"]) == {"1", "8"} and lc["verify_ms"]["8"] > 0
+    assert info["cost_curve"]["plain_step_ms"] > 0
     curve = info["cost_curve"]
     assert curve["verify_ratio"][0] == 1.0 and len(curve["verify_ratio"]) == 8 and len(curve["draft_ms"]) == 7
     assert curve["round_ratio"][0] == 1.0 and len(curve["round_ratio"]) == 8 and len(curve["host_ms"]) == 7

@@ -13,6 +13,8 @@ from ..options import add_model_arguments
 def add_arguments(p) -> None:
     add_model_arguments(p)
     p.add_argument("--no-curve", action="store_true", help="skip measuring the cost curve")
+    p.add_argument("--long-context", default="1024,2048", metavar="TOKENS",
+                   help="contexts at which to measure prefill and verify cost ('' to skip)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -36,7 +38,7 @@ def facts() -> dict:
 
 
 def run(args) -> int:
-    from ..calibrate import calibrated_curve
+    from ..calibrate import calibrated_curve, context_costs
     from ..controller import best_length
     from ..options import load_from
 
@@ -48,6 +50,10 @@ def run(args) -> int:
         info["model"] = str(model.target_path)
         info["drafter"] = str(model.drafter_path) if model.drafter_path else None
         info["cost_curve"] = {"t1_ms": round(curve.verify[0] * 1e3, 3), "verify_ratio": [round(r, 2) for r in curve.ratios()],
+                              # a plain step runs ahead (the next pass is queued before this token is read), as
+                              # generate decodes; t(1) is one synchronous pass: graph building and the wait included
+                              "plain_step_ms": round(curve.rounds[0] * 1e3, 3) if curve.rounds else None,
+                              "batch_ms": [[b, w, round(t * 1e3, 3)] for b, w, t in curve.batch],
                               "draft_ms": [round(t * 1e3, 3) for t in curve.draft],
                               "round_ratio": [round(r, 2) for r in curve.round_ratios()],
                               "host_ms": [round((curve.round_time(k) - curve.pass_time(k)) * 1e3, 3)
@@ -55,6 +61,8 @@ def run(args) -> int:
         from .bench import rollback_line
 
         info["rollback_ms"] = rollback_line(model, width)
+        contexts = [int(c) for c in args.long_context.split(",") if c.strip()]
+        info["long_context"] = context_costs(model, contexts, width) if contexts else []
         if curve.draft:
             info["chosen_length"] = {str(a): best_length(curve, [a] * curve.max_drafts) for a in (0.5, 0.7, 0.9)}
     if args.json:
@@ -76,7 +84,9 @@ def show(info: dict) -> None:
         c = info["cost_curve"]
         t.add_row("model", info["model"])
         t.add_row("drafter", str(info["drafter"]))
-        t.add_row("t(1)", f"{c['t1_ms']} ms")
+        t.add_row("t(1)", f"{c['t1_ms']} ms  (one synchronous target pass, at a 256-token context)")
+        if c.get("plain_step_ms"):
+            t.add_row("plain step", f"{c['plain_step_ms']} ms  (running one token ahead, as generate decodes)")
         t.add_row("t(M)/t(1), M=1…", " ".join(f"{r:.2f}" for r in c["verify_ratio"]))
         if c["draft_ms"]:
             t.add_row("draft ms, k=1…", " ".join(f"{x:.2f}" for x in c["draft_ms"]))
@@ -84,6 +94,9 @@ def show(info: dict) -> None:
             host = " ".join(f"{x:.2f}" for x in c["host_ms"])
             t.add_row("host ms per round, k=1…", host + "  (round − verify − draft)")
             t.add_row("chosen draft length", ", ".join(f"α={a}: k={k}" for a, k in info["chosen_length"].items()))
+        for lc in info.get("long_context", []):
+            verify = ", ".join(f"t({m}) {ms:.2f} ms" for m, ms in lc["verify_ms"].items())
+            t.add_row(f"at {lc['context']} tokens", f"prefill {lc['prefill_ms_per_token']:.3f} ms/token; {verify}")
         if info.get("rollback_ms"):  # a hybrid target: recurrent states roll back by replay
             from .bench import format_rollback
 
