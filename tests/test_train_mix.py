@@ -162,8 +162,8 @@ def test_auf_mask_stops_after_first_miss():
 
 
 @pytest.fixture(scope="module")
-def pair():
-    model, tok = mlx_spec.load(drafter=None)
+def pair(target_dir):
+    model, tok = mlx_spec.load(str(target_dir), drafter=None)  # a small random target: fast on any BLAS
     return model, tok
 
 
@@ -229,7 +229,8 @@ def test_trainer_runs_auf_with_window_and_resumes(pair, tmp_path):
     text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n" * 3
     records = [{"tokens": tok.encode(text), "prompt_len": 5}]
     cfg = DrafterTrainConfig(out=tmp_path, block_size=4, target_layer_ids=[1, 3], steps=2, warmup=1,
-                             loss="auf", sliding_window=16, checkpoint_every=1)
+                             loss="auf", sliding_window=16, checkpoint_every=1, sequences_per_step=1,
+                             anchors_per_sequence=4)
     t = DrafterTrainer(model.target, model.config, tok, records, cfg)
     while not t.done:
         record = t.step()
@@ -248,17 +249,19 @@ def test_train_drafter_rejects_bad_window(capsys):
     assert "cannot be combined" in capsys.readouterr().err
 
 
-def test_eval_target_cli(tmp_path, capsys):
+def test_eval_target_cli(tmp_path, capsys, target_dir):
     from mlx_spec.cli import main
 
     assert main(["eval-target", "--val", str(tmp_path / "missing.npy")]) == 2
+    assert main(["eval-target", "--val", str(tmp_path / "missing.npy"), "--seq-lens", "x"]) == 2
+    vocab = json.loads((target_dir / "config.json").read_text())["vocab_size"]
     val = tmp_path / "val.npy"
-    model, tok = mlx_spec.load(drafter=None)
-    np.save(val, np.asarray(tok.encode("def add(a, b):\n    return a + b\n" * 40), dtype=np.uint16))
+    np.save(val, np.random.default_rng(0).integers(0, vocab, 600).astype(np.uint16))
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"prompt": "Write a function that adds two numbers.", "kind": "code"}\n')
-    assert main(["eval-target", "--val", str(val), "--seq-lens", "64,128", "--batches", "1",
-                 "--prompts", str(prompts), "--max-tokens", "24"]) == 0
+    prompts.write_text('{"prompt": "def add(a, b):", "kind": "code"}\n{"prompt": "hello", "kind": "chat"}\n')
+    assert main(["eval-target", "--model", str(target_dir), "--val", str(val), "--seq-lens", "64,128",
+                 "--batches", "1", "--prompts", str(prompts), "--max-tokens", "24"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["val_loss_64"] > 0 and 0 <= out["val_acc_128"] <= 1
-    assert 0 < out["repetition"]["code"]["distinct4"] <= 1 and out["repetition"]["code"]["answers"] == 1
+    assert out["val_loss_64"] > 0 and 0 <= out["val_acc_128"] <= 1 and out["val_tokens"] == 600
+    assert set(out["repetition"]) == {"code", "chat", "all"}
+    assert 0 < out["repetition"]["all"]["distinct4"] <= 1

@@ -23,13 +23,13 @@ def run(args) -> int:
     from ..train.data import builtin_prompts, read_prompts
     from ..train.target_eval import report
 
-    if not args.val.exists():
-        raise MlxSpecError(f"{args.val} does not exist; `mlx-spec train-target` writes it under OUT/data")
-    model = args.model or Path(__file__).resolve().parents[1] / "models" / "default" / "target"
     try:
         seq_lens = [int(x) for x in args.seq_lens.split(",")]
     except ValueError:
         raise MlxSpecError(f"--seq-lens must be comma-separated integers, not {args.seq_lens!r}") from None
+    if not args.val.exists():
+        raise MlxSpecError(f"{args.val} does not exist; `mlx-spec train-target` writes it under OUT/data")
+    model = args.model or Path(__file__).resolve().parents[1] / "models" / "default" / "target"
     prompts = None if args.no_repetition else read_prompts(args.prompts or builtin_prompts())
     print(json.dumps(report(model, args.val, seq_lens, args.batches, prompts=prompts, max_tokens=args.max_tokens),
                      indent=2))

@@ -58,7 +58,9 @@ def long_prompts(config: corpus.CorpusConfig, n: int, held: bool, fraction: floa
     code = [{"kind": "long", "messages": chat[:1]} for _, chat in corpus.long_code_chats(files, n - n // 2, rng)]
     chats = [(i, c) for i, c in enumerate(corpus.chitchat_chats()) if len(c) >= 2]
     chats = [(i, c) for i, c in chats if corpus.held_out(f"chat:{i}", fraction) == held]
-    talk = [{"kind": "long", "messages": c[:-1]} for _, c in corpus.long_chats(chats, n // 2, rng)]
+    # chat runs ~2.8 characters a token: 3,500-5,500 characters is about 1,300-2,000 tokens
+    talk = [{"kind": "long", "messages": c[:-1]}
+            for _, c in corpus.long_chats(chats, n // 2, rng, min_chars=3500, max_chars=5500)]
     return code + talk
 
 
@@ -105,6 +107,8 @@ if __name__ == "__main__":
 
         _, tok = load(args.model, drafter=None)
         write(args.out / "raw-code.jsonl", raw_code_prompts(cfg, 40, held=True))
-        write(args.out / "long.jsonl", within(long_prompts(cfg, 200, held=True), tok, 1000, 2000)[:30])
+        bounded = within(long_prompts(cfg, 200, held=True), tok, 1000, 2000)
+        code, talk = [p for p in bounded if len(p["messages"]) == 1], [p for p in bounded if len(p["messages"]) > 1]
+        write(args.out / "long.jsonl", code[:15] + talk[:15])  # a source file + request; a long multi-turn chat
     else:
         write(args.out, drafter_mix(cfg, args.code, args.chat, args.raw, args.long))
