@@ -21,7 +21,8 @@ def run_cases(model, tokenizer, cases: list[dict]) -> dict:
     out = {}
     for case in cases:
         gens = [make_generation(model, tokenizer, p, case["max_tokens"], block_size=case.get("block_size"),
-                                adaptive=False, **case.get("sampling", {})) for p in case["prompts"]]
+                                adaptive=False, speculative=case.get("speculative", True), **case.get("sampling", {}))
+                for p in case["prompts"]]
         tokens = [list(g.start().tokens) for g in gens]
         while any(not g.finished for g in gens):
             live = [i for i, g in enumerate(gens) if not g.finished]

@@ -26,6 +26,7 @@ DENSE = {"block_size": 8, "cases": [
     {"name": "dflash", "prompts": ["def add(a, b):"], "max_tokens": 24},
     {"name": "batched", "prompts": ["def add(a, b):", "class Stack:"], "max_tokens": 16},
     {"name": "seeded", "prompts": ["Hello, how are"], "max_tokens": 16, "sampling": {"temperature": 0.8, "seed": 7}},
+    {"name": "plain", "prompts": ["def add(a, b):"], "max_tokens": 12, "speculative": False},  # runs one token ahead
 ]}
 LOOKUP = {"mode": "lookup", "block_size": 6, "cases": [
     {"name": "lookup", "prompts": ["for i in range(10):\n    print(i)\nfor i in range(10):\n"], "max_tokens": 24}]}

@@ -32,6 +32,9 @@ def add_arguments(p) -> None:
     p.add_argument("--rollback", nargs="?", const="", default=None, metavar="DIR",
                    help="instead: a Qwen3.5-shaped random hybrid vs a dense model of its size, oracle drafters at "
                         "0/50/100%% acceptance, with the rollback cost per round (random models built in DIR)")
+    from ..distributed.cli import add_distributed_arguments
+
+    add_distributed_arguments(p)  # --distributed: under mlx.launch, plain vs speculative on the cluster
 
 
 def prompt_sets(args, tokenizer) -> dict[str, list]:
@@ -64,6 +67,10 @@ def run(args) -> int:
 
     if args.rollback is not None:
         return run_rollback(args)
+    if args.distributed:
+        from ..distributed.cli import run_bench
+
+        return run_bench(args, prompt_sets)
 
     from ..bench import as_json, bench_kind, plot
     from ..calibrate import calibrated_curve

@@ -78,3 +78,28 @@ def run_generate(args, prompt, chat_prompt) -> int:
         os._exit(2)  # a ring with a dead peer may hang in teardown: leave now
     sys.stdout.flush()
     return 0
+
+
+def run_bench(args, prompt_sets) -> int:
+    """`bench --distributed`: plain vs speculative on this cluster, and communication per round."""
+    import json
+
+    from .bench import run_bench as bench
+
+    try:
+        session, model, tokenizer = start(args)
+        if model.drafter is None:
+            raise DistributedError("bench --distributed compares plain and speculative decoding: it needs a drafter")
+        prompts = [p for ps in prompt_sets(args, tokenizer).values() for p in ps]
+        with session.guard("bench"):
+            row = bench(session, model, tokenizer, prompts, args.max_tokens, args.repeats)
+        if session.is_root:
+            from ..commands.bench import machine
+
+            row.update(machine())
+            print(json.dumps(row, indent=2) if args.json else "\n".join(f"{k}: {v}" for k, v in row.items()), flush=True)
+        session.barrier()
+    except DistributedError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
+    return 0

@@ -147,6 +147,11 @@ class PipelineTarget(Target):
 
     def __call__(self, tokens: mx.array, cache) -> tuple[mx.array, mx.array | None]:
         shape = (*tokens.shape, self.vocab_size)
+        # The tokens may still be lazy (plain decoding runs one token ahead): settle them first, so
+        # that every rank finishes the previous pass's shared logits before this pass's sends and
+        # receives start (a stage that ignores the tokens would otherwise wait on its receive while
+        # the stage before it waits on those logits).
+        mx.eval(tokens)
         self._link.live = True
         try:
             if not self.layout.is_last:
