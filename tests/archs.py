@@ -72,14 +72,30 @@ FAMILIES = {
                         kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, num_experts_per_token=2,
                         first_k_dense_replace=1, linear_attn_config=dict(kda_layers=[1, 3], full_attn_layers=[2, 4],
                                                                           num_heads=4, head_dim=16, short_conv_kernel_size=4)),
+    # pure Mamba2 (no attention), layers under `backbone`
+    "mamba2": dict(model_type="mamba2", num_heads=4, head_dim=16, state_size=16, n_groups=1, conv_kernel=4,
+                   use_bias=False, use_conv_bias=True, layer_norm_epsilon=1e-6, time_step_limit=[0.0, 1e9],
+                   time_step_rank="auto", expand=1),
+    # Mamba + attention (every other layer)
+    "plamo2": dict(model_type="plamo2", hidden_size_per_head=16, mamba_d_state=16, mamba_d_conv=4, mamba_num_heads=4,
+                   mamba_step=2, mamba_chunk_size=16, attention_window_size=512),
+    # Gated DeltaNet with q/k/v short convolutions + attention
+    "olmo_hybrid": dict(model_type="olmo_hybrid", linear_num_key_heads=2, linear_num_value_heads=4,
+                        linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+                        linear_allow_neg_eigval=True, attention_bias=False,
+                        layer_types=["linear_attention", "full_attention"] * 2),
 }
 
 
-def make(out: Path, tokenizer_dir: Path, family: str, layers: int = 4, seed: int = 0, scale: float = 4.0,
+SCALES = {"plamo2": 0.7}  # plamo2's random outputs collapse to one token at larger scales
+
+
+def make(out: Path, tokenizer_dir: Path, family: str, layers: int = 4, seed: int = 0, scale: float | None = None,
          **overrides) -> Path:
     """A random-weight target of `family`; weights scaled so that logits are peaked, like a trained model's."""
     if (out / "config.json").exists():
         return out
+    scale = SCALES.get(family, 4.0) if scale is None else scale
     vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
     config = {**COMMON, "num_hidden_layers": layers, "vocab_size": vocab, **FAMILIES[family], **overrides}
     if "text_config" in config:  # a multimodal checkpoint's layout: the language model's settings nested

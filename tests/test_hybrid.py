@@ -16,7 +16,7 @@ import mlx_spec
 from mlx_spec.engine.recurrent import RecurrentCache
 
 FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "granitemoehybrid",
-            "kimi_linear", "gemma3_text", "gpt_oss", "qwen3_moe"]
+            "kimi_linear", "mamba2", "plamo2", "gemma3_text", "gpt_oss", "qwen3_moe"]
 PROMPT = "Hello, how are you"
 N = 30
 
@@ -109,3 +109,13 @@ def test_untested_recurrent_architecture_is_refused_for_speculation_only(models_
     model.drafter = factory.OracleDrafter([0] * 64, 4)
     with pytest.raises(mlx_spec.MlxSpecError, match="lfm2"):
         mlx_spec.make_prompt_cache(model)
+
+
+@pytest.mark.parametrize("name,reason", [("olmo_hybrid", "picks each layer's mask by the layer's class")])
+def test_refused_architecture_names_the_reason(name, reason, models_dir, tokenizer_dir):
+    """An architecture refused by name decodes plainly, and speculation is refused saying why."""
+    target = archs.make(models_dir / f"hy-{name}", tokenizer_dir, name, seed=3)
+    model, tok = mlx_spec.load(str(target), drafter=None)
+    assert spec(model, tok, PROMPT, 12)[0] == plain(target, n=12)
+    with pytest.raises(mlx_spec.LoadError, match=f"{name}: .*{reason}"):
+        model.target.check_speculation()

@@ -18,11 +18,13 @@ __all__ = ["PromptCache", "make_cache", "trim", "max_trim", "spec_caches", "eval
 
 def body(model):
     """The module that runs the decoder stack (embedding, layers, final norm) without the LM head, where
-    it takes the cache as the whole model does; else the whole model."""
-    from ..target import find_layers
+    it takes tokens and the cache as the whole model does; else the whole model. (plamo2's layer list
+    owner takes hidden states, not tokens: it has no embedding.)"""
+    from ..target import EMBEDDINGS, find_layers
 
     owner = find_layers(model)[0]
-    if owner is not model and "cache" in inspect.signature(owner.__call__).parameters:
+    if owner is not model and "cache" in inspect.signature(owner.__call__).parameters \
+            and any(owner.get(name) is not None for name in EMBEDDINGS):
         return owner
     return model
 
