@@ -58,6 +58,7 @@ class ControllerMemory:
     cost_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # plain, drafting: real / calibrated
     batch_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # the same for batched rounds
     batch_tick: tuple | None = None  # (time, rows, drafting, predicted seconds) of the last batched round
+    batch_off: int = 0  # batched rounds in a row where nobody drafted (see `plan_batch`'s probes)
 
 
 class AdaptiveLength:
@@ -163,7 +164,7 @@ class AdaptiveLength:
 # ----------------------------------------------------------------------------- batched rounds
 
 
-def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05) -> list[int]:
+def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05, probe_every: int = 128) -> list[int]:
     """Draft lengths for one batched verify pass, from the batch's width and each request's own acceptance.
 
     Every block is padded to the widest, so the pass costs `curve.batch_time(rows, W)` whoever
@@ -172,7 +173,10 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05) -> list[
     W with the most expected tokens per second wins, and drafting must beat an all-plain pass by
     `margin`. Requests with fixed draft lengths (`FixedLength`) keep theirs. The batch's measured
     round times rescale the batch costs (plain and drafting passes apart), as `AdaptiveLength`
-    does for one request. Sets and returns each state's `k`.
+    does for one request. After `probe_every` batched rounds in a row where nobody drafted, every
+    request drafts one token once, so that estimates gone stale (or a new request's prior) are
+    tested: a request's own probes would widen the whole pass each time. Sets and returns each
+    state's `k`.
     """
     adaptive = [s for s in states if isinstance(s.lengths, AdaptiveLength)]
     if not adaptive:
@@ -205,6 +209,11 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05) -> list[
         return tokens / cost / (1 + margin if width > 1 and width > floor else 1), ks
 
     rate, ks, width = max((option(w) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))
+    if memory is not None and top > 1:
+        memory.batch_off = memory.batch_off + 1 if width == 1 else 0
+        if memory.batch_off >= probe_every:  # a probe: one token each, a pass two wide
+            memory.batch_off, width = 0, 2
+            ks = {id(s): min(1, caps[id(s)]) for s in adaptive}
     predicted = curve.batch_time(b, width) + sum(curve.draft[k - 1] for k in ks.values() if k)
     _time_batch(memory, b, width > 1, predicted, follow)
     for s in adaptive:

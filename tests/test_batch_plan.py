@@ -68,6 +68,14 @@ def test_batch_costs_follow_measured_rounds():
     assert memory.batch_scale[0] == pytest.approx(2.0, rel=0.1) and memory.batch_scale[1] == 1.0
 
 
+def test_a_plain_batch_probes_now_and_then():
+    memory = ControllerMemory()
+    steep = curve(0.5)
+    states = [row(steep, 0.6, memory) for _ in range(4)]
+    plans = [plan_batch(states, probe_every=10) for _ in range(30)]
+    assert sum(p == [1] * 4 for p in plans) == 3 and sum(p == [0] * 4 for p in plans) == 27
+
+
 def test_batch_time_interpolates_and_extrapolates():
     c = curve(0.02)
     assert c.batch_time(1, 3) == c.verify[2]
