@@ -3,9 +3,13 @@
 - Qwen3.5: the hybrid target from `archs`, written back in Hugging Face's layout (names under
   `model.language_model`, conv1d [C, 1, K], zero-centred norms) plus `mtp.*` tensors;
   `text_config.mtp_num_hidden_layers` 1.
-- GLM-4.5 (the DeepSeek-V3 layout; mlx-lm's deepseek_v3 drops only layer 61, so a tiny DeepSeek-V3
-  would not load): `model.layers.{N}` past the N decoder layers (enorm, hnorm, eh_proj, shared_head,
-  embed_tokens, a MoE block with per-expert tensors); `num_nextn_predict_layers` 1.
+- GLM-4.5 (the DeepSeek-V3 layout): `model.layers.{N}` past the N decoder layers (enorm, hnorm, eh_proj,
+  shared_head, embed_tokens, a MoE block with per-expert tensors); `num_nextn_predict_layers` 1.
+- DeepSeek-V3 itself (and Kimi-K2, `kimi_k2`, which mlx-lm maps to deepseek_v3): 61 decoder layers,
+  as published, because mlx-lm's deepseek_v3 sanitize drops `model.layers.61` by that fixed name;
+  narrow (hidden 32) so that the depth stays cheap. MLA attention in Hugging Face's form (`kv_b_proj`,
+  which mlx-lm splits into `embed_q`/`unembed_out`), MoE from layer `first_k_dense_replace` on (here the
+  last target layer and the MTP block, whose experts are stored one tensor each).
 """
 
 from __future__ import annotations
@@ -106,6 +110,59 @@ def glm(out: Path, tokenizer_dir: Path, layers: int = 3, seed: int = 0, mtp_seed
     block = _hf_block(scaled(glm4_moe.DecoderLayer(args, n).parameters()))
     weights.update({f"model.layers.{n}.{k}": v for k, v in block.items()})
     weights[f"model.layers.{n}.eh_proj.weight"] = _normal((h, 2 * h), 4.0 / (2 * h) ** 0.5)
+    for name in ("enorm", "hnorm", "shared_head.norm"):
+        weights[f"model.layers.{n}.{name}.weight"] = 1.0 + _normal((h,), 0.1)
+    weights[f"model.layers.{n}.shared_head.head.weight"] = weights["lm_head.weight"]  # copies, as published
+    weights[f"model.layers.{n}.embed_tokens.weight"] = weights["model.embed_tokens.weight"]
+    return _write(out, weights, config, tokenizer_dir)
+
+
+DEEPSEEK_V3 = dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], hidden_size=32,
+                   intermediate_size=64, moe_intermediate_size=16, num_hidden_layers=61, num_attention_heads=2,
+                   num_key_value_heads=2, n_shared_experts=1, n_routed_experts=4, routed_scaling_factor=2.5,
+                   kv_lora_rank=16, q_lora_rank=None, qk_rope_head_dim=8, v_head_dim=8, qk_nope_head_dim=8,
+                   topk_method="noaux_tc", scoring_func="sigmoid", norm_topk_prob=True, n_group=2, topk_group=1,
+                   num_experts_per_tok=2, moe_layer_freq=1, first_k_dense_replace=60, max_position_embeddings=512,
+                   rms_norm_eps=1e-6, rope_theta=10000.0, rope_scaling=None, attention_bias=False,
+                   tie_word_embeddings=False, num_nextn_predict_layers=1, eos_token_id=2)
+
+
+def _hf_mla(params: dict, heads: int, nope: int) -> dict:
+    """mlx-lm's split MLA projections (embed_q [h, r, nope], unembed_out [h, v, r]) joined back into
+    Hugging Face's kv_b_proj [h * (nope + v), r], the form its sanitize splits."""
+    out = {}
+    for k, v in params.items():
+        if k.endswith("self_attn.embed_q.weight"):
+            prefix = k[: -len("embed_q.weight")]
+            wv = params[prefix + "unembed_out.weight"]
+            kv_b = mx.concatenate([v.swapaxes(-1, -2), wv], axis=1)  # [h, nope + v, r]
+            out[prefix + "kv_b_proj.weight"] = kv_b.reshape(-1, kv_b.shape[-1])
+        elif not k.endswith("self_attn.unembed_out.weight"):
+            out[k] = v
+    return out
+
+
+def deepseek_v3(out: Path, tokenizer_dir: Path, model_type: str = "deepseek_v3", seed: int = 0,
+                mtp_seed: int = 5) -> Path:
+    """A DeepSeek-V3 target (61 layers, MLA, MoE) with its MTP module at model.layers.61, as published:
+    enorm, hnorm, eh_proj, shared_head.{norm,head}, embed_tokens and a MoE decoder block."""
+    if (out / "config.json").exists():
+        return out
+    from mlx_lm.models import deepseek_v3 as ds
+
+    vocab = len(json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["vocab"])
+    config = {**DEEPSEEK_V3, "model_type": model_type, "vocab_size": vocab}
+    args = ds.ModelArgs.from_dict(config)
+    mx.random.seed(seed)
+    model = ds.Model(args)
+    scaled = lambda p: {k: v * 2.0 if v.ndim >= 2 and "embed_tokens" not in k else v for k, v in tree_flatten(p)}
+    to_hf = lambda p: _hf_block(_hf_mla(scaled(p), args.num_attention_heads, args.qk_nope_head_dim))
+    weights = to_hf(model.parameters())
+    mx.random.seed(mtp_seed)
+    n, h = args.num_hidden_layers, args.hidden_size
+    block = to_hf(ds.DeepseekV3DecoderLayer(args, n).parameters())
+    weights.update({f"model.layers.{n}.{k}": v for k, v in block.items()})
+    weights[f"model.layers.{n}.eh_proj.weight"] = _normal((h, 2 * h), 2.0 / (2 * h) ** 0.5)
     for name in ("enorm", "hnorm", "shared_head.norm"):
         weights[f"model.layers.{n}.{name}.weight"] = 1.0 + _normal((h,), 0.1)
     weights[f"model.layers.{n}.shared_head.head.weight"] = weights["lm_head.weight"]  # copies, as published

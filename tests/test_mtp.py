@@ -129,3 +129,51 @@ def test_eval_drafter_and_bench_run(glm, capsys):
                                              3, mode="mtp")
 
 
+
+
+# ----------------------------------------------------------------------------- DeepSeek-V3 / Kimi-K2
+
+
+@pytest.fixture(scope="module")
+def deepseek(models_dir, tokenizer_dir):
+    return ckpt.deepseek_v3(models_dir / "mtp-deepseek-v3", tokenizer_dir)
+
+
+def test_deepseek_v3_head_computes_the_published_module(deepseek):
+    """The head read from model.layers.61 (MLA kv_b_proj split and experts stacked by mlx-lm's own
+    sanitize, the shared_head/embed_tokens copies replaced by the target's) computes what the module it
+    was written from computes: lm_head(shared_head.norm(block(eh_proj([enorm(emb) ; hnorm(h)]))))."""
+    from mlx.utils import tree_flatten, tree_unflatten
+    from mlx_lm.models import deepseek_v3 as ds
+
+    model, tok = load(deepseek, mode="mtp")
+    assert model.drafter.tap_ids == (60,)
+    assert {n.split(".")[2] for n in mtp_tensor_names(deepseek)} == {"61"}
+    args = ds.ModelArgs.from_dict(ckpt.DEEPSEEK_V3)
+    mx.random.seed(5)  # the builder's mtp_seed: the same block, before it was written in HF form
+    block = ds.DeepseekV3DecoderLayer(args, 61)
+    block.update(tree_unflatten([(k, v * 2.0 if v.ndim >= 2 else v) for k, v in tree_flatten(block.parameters())]))
+    w = mx.load(str(deepseek / "model.safetensors"))
+    rms = lambda x, name: mx.fast.rms_norm(x, w[f"model.layers.61.{name}.weight"], 1e-6)
+    ids = tok.encode("def add(a, b):")
+    _, hidden = model.target(mx.array([ids]), None)
+    h = model.drafter.features(hidden)[:, -1:]  # the last layer's output after the target's final norm
+    emb = model.target.embed(mx.array([[ids[-1]]]))
+    x = mx.concatenate([rms(emb, "enorm"), rms(h, "hnorm")], axis=-1) @ w["model.layers.61.eh_proj.weight"].T
+    ref = rms(block(x, None, None), "shared_head.norm") @ w["lm_head.weight"].T
+    ours = model.drafter.logits(model.drafter.step(h, mx.array([[ids[-1]]]), None))
+    assert mx.allclose(ours, ref[0].astype(mx.float32), atol=1e-4).item()
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", pytest.param("kimi_k2", marks=pytest.mark.slow)])
+def test_deepseek_v3_greedy_identity(deepseek, models_dir, tokenizer_dir, model_type):
+    target = deepseek if model_type == "deepseek_v3" else ckpt.deepseek_v3(models_dir / "mtp-kimi-k2", tokenizer_dir,
+                                                                          model_type="kimi_k2")
+    model, tok = load(target, eval_every=0)  # auto: the target's own head. 61 layers: one eval per pass
+    checks.assert_greedy_identity(model, tok, target, PROMPTS[:1], (4,), model_type, n=12)
+
+
+@pytest.mark.slow
+def test_deepseek_v3_greedy_identity_every_block(deepseek):
+    model, tok = load(deepseek, eval_every=0)
+    checks.assert_greedy_identity(model, tok, deepseek, PROMPTS[:2], range(2, 9), "deepseek_v3")
