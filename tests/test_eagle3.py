@@ -45,6 +45,8 @@ def make_eagle3(out: Path, target_dir: Path, layout: str = "specforge", draft_vo
     mx.random.seed(seed)
     model = Eagle3Model(Eagle3Config.from_dict(config), own_embedding=own_embedding)
     model.lm_head.weight = model.lm_head.weight * head_scale
+    for norm in ([model.input_norm] if "input_norm" in model else []) + list(model.get("fc_norm", [])):
+        norm.weight = 1.0 + 0.5 * mx.random.normal(norm.weight.shape)  # not ones: the norm must matter
     if bits:
         nn.quantize(model, group_size=32, bits=bits)
         config["quantization"] = {"group_size": 32, "bits": bits}
@@ -97,12 +99,23 @@ def test_greedy_identity_every_block(precision, target_dir, arch_q4, eagle, mode
     checks.assert_greedy_identity(model, tok, target, PROMPTS[:1], BLOCKS, precision)
 
 
-def test_speculators_layout_and_hf_layer_ids(models_dir, target_dir):
-    """vLLM numbering (HF hidden_states: one more than the layer) and `layers.0.*` names; full vocabulary."""
-    drafter = make_eagle3(models_dir / "eagle3-speculators", target_dir, layout="speculators", aux_ids=[2, 3, 4])
+@pytest.mark.parametrize("variant", [{}, {"norm_before_fc": True}, {"fc_norm": True}], ids=["plain", "norm_before_fc",
+                                                                                           "fc_norm"])
+def test_speculators_layout_and_hf_layer_ids(models_dir, target_dir, variant):
+    """vLLM numbering (HF hidden_states: one more than the layer) and `layers.0.*` names; full vocabulary;
+    speculators' tap norms before fc (one over the concatenation as `input_norm`, or `fc_norm.{i}`)."""
+    drafter = make_eagle3(models_dir / f"eagle3-speculators-{'-'.join(variant)}", target_dir, layout="speculators",
+                          aux_ids=[2, 3, 4], **variant)
     model, tok = load(target_dir, drafter)
     assert model.drafter.tap_ids == (1, 2, 3)
-    for prompt in PROMPTS[:2]:
+    names = set(mx.load(str(drafter / "model.safetensors")))
+    assert ("input_norm.weight" in names) == bool(variant.get("norm_before_fc"))
+    assert ("fc_norm.2.weight" in names) == bool(variant.get("fc_norm"))
+    if variant:  # the norms are applied: without them the features differ
+        _, hidden = model.target(mx.array([tok.encode(PROMPTS[0])]), None)
+        bare = model.drafter.model.fc(hidden)
+        assert not mx.allclose(model.drafter.features(hidden), bare, atol=1e-3).item()
+    for prompt in PROMPTS[: 1 if variant else 2]:  # the norms' effect on drafts: test_reference_mlx_vlm.py
         ref = plain(target_dir, prompt, 24)
         for block in (2, 5):
             assert spec(model, tok, prompt, 24, block_size=block)[0] == ref
@@ -136,6 +149,14 @@ def test_mismatch_is_refused(tmp_path, target_dir, eagle, edit, message):
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(mlx_spec.DrafterMismatchError, match=message):
         mlx_spec.load(str(target_dir), drafter=str(bad), mode="eagle3")
+
+
+def test_both_tap_norms_are_refused(models_dir, target_dir, tmp_path):
+    drafter = make_eagle3(tmp_path / "both", target_dir, layout="speculators", aux_ids=[2, 3, 4], norm_before_fc=True)
+    config = json.loads((drafter / "config.json").read_text())
+    (drafter / "config.json").write_text(json.dumps({**config, "fc_norm": True}))
+    with pytest.raises(mlx_spec.LoadError, match="norm_before_fc and fc_norm exclude each other"):
+        mlx_spec.load(str(target_dir), drafter=str(drafter))
 
 
 def test_trained_head_is_accepted(models_dir, target_dir):

@@ -80,11 +80,13 @@ def our_rounds(model, tok, prompt, max_tokens, block):
                                                                       block_size=block)]
 
 
-@pytest.mark.parametrize("draft_vocab", [None, 200], ids=["full-vocab", "draft-vocab-200"])
-def test_eagle3_rounds_equal_mlx_vlm(models_dir, target_dir, draft_vocab):
-    """speculators layout with HF hidden_states ids [2, 3, 4] (mlx-vlm's convention: layers 1, 2, 3)."""
-    drafter = make_eagle3(models_dir / f"eagle3-vlm-{draft_vocab}", target_dir, layout="speculators",
-                          aux_ids=[2, 3, 4], draft_vocab=draft_vocab, seed=7)
+@pytest.mark.parametrize("draft_vocab, extra", [(None, {}), (200, {}), (None, {"norm_before_fc": True})],
+                         ids=["full-vocab", "draft-vocab-200", "norm_before_fc"])
+def test_eagle3_rounds_equal_mlx_vlm(models_dir, target_dir, draft_vocab, extra):
+    """speculators layout with HF hidden_states ids [2, 3, 4] (mlx-vlm's convention: layers 1, 2, 3);
+    norm_before_fc (`input_norm`) as mlx-vlm reads it (it has no fc_norm)."""
+    drafter = make_eagle3(models_dir / f"eagle3-vlm-{draft_vocab}-{'-'.join(extra)}", target_dir, layout="speculators",
+                          aux_ids=[2, 3, 4], draft_vocab=draft_vocab, seed=7, **extra)
     model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter), block_size=8)
     # Fitted a little to the target's continuation of the first prompt, so that rounds accept some drafts
     # and reject others (a random head is never accepted: only the first draft would be compared).

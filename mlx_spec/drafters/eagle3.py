@@ -4,7 +4,8 @@ One Llama decoder layer whose attention reads [input_layernorm(emb(x_{t+1})) ; h
 (2H wide) with residual g_t; g_t = fc(three tapped target layers) on committed rows and the layer's
 own previous output on chained steps. Its LM head covers a reduced draft vocabulary; draft id i is
 target id i + d2t[i], so the proposal distribution q lives on those ids of the target vocabulary
-and is zero elsewhere.
+and is zero elsewhere. speculators' variants normalise the taps before fc: `norm_before_fc` one
+RMSNorm over the concatenation (`input_norm`, gpt-oss style), `fc_norm` one per tap (`fc_norm.{i}`).
 """
 
 from __future__ import annotations
@@ -31,14 +32,15 @@ class Eagle3Config:
     aux_ids: list[int] | None  # as written in the config (see `tap_layers`)
     norm_before_residual: bool = False
     norm_output: bool = False  # chained steps read the normed output (else the pre-norm one)
+    norm_before_fc: bool = False  # RMSNorm(concat(taps)) before fc (`input_norm`)
+    fc_norm: bool = False  # concat(RMSNorm_i(tap_i)) before fc (`fc_norm.{i}`)
 
     @classmethod
     def from_dict(cls, cfg: dict) -> "Eagle3Config":
         if cfg.get("speculators_model_type") == "eagle3":  # speculators: the layer's settings nested
             layer = dict(cfg["transformer_layer_config"])
-            for key in ("norm_before_fc", "fc_norm"):
-                if cfg.get(key):
-                    raise LoadError(f"EAGLE-3 option {key} is not supported yet")
+            if cfg.get("norm_before_fc") and cfg.get("fc_norm"):
+                raise LoadError("EAGLE-3 options norm_before_fc and fc_norm exclude each other (speculators)")
             aux = cfg.get("eagle_aux_hidden_state_layer_ids")
         else:  # SpecForge / SGLang: a LlamaForCausalLMEagle3 config
             layer = dict(cfg)
@@ -48,7 +50,8 @@ class Eagle3Config:
                    target_hidden_size=cfg.get("target_hidden_size") or layer["hidden_size"],
                    aux_ids=list(aux) if aux else None,
                    norm_before_residual=bool(cfg.get("norm_before_residual", False)),
-                   norm_output=bool(cfg.get("norm_output", False)))
+                   norm_output=bool(cfg.get("norm_output", False)),
+                   norm_before_fc=bool(cfg.get("norm_before_fc", False)), fc_norm=bool(cfg.get("fc_norm", False)))
 
     def tap_layers(self, n_layers: int) -> list[int]:
         """The target decoder layers whose outputs fc reads, in fc's order.
@@ -91,8 +94,12 @@ class Eagle3Model(nn.Module):
         super().__init__()
         args = llama.ModelArgs.from_dict({"model_type": "llama", "num_hidden_layers": 1, **cfg.layer,
                                           "vocab_size": cfg.vocab_size})
-        h = args.hidden_size
-        self.fc = nn.Linear(3 * cfg.target_hidden_size, h, bias=False)
+        h, ht = args.hidden_size, cfg.target_hidden_size
+        if cfg.norm_before_fc:
+            self.input_norm = nn.RMSNorm(3 * ht, eps=args.rms_norm_eps)
+        if cfg.fc_norm:
+            self.fc_norm = [nn.RMSNorm(ht, eps=args.rms_norm_eps) for _ in range(3)]
+        self.fc = nn.Linear(3 * ht, h, bias=False)
         self.midlayer = Eagle3Layer(args, cfg.norm_before_residual)
         self.norm = nn.RMSNorm(h, eps=args.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
@@ -119,10 +126,16 @@ class Eagle3Drafter(ChainDrafter):
         self._map = _Ids(None if d2t is None else mx.arange(d2t.shape[0], dtype=mx.int32) + d2t.astype(mx.int32))
 
     def features(self, hidden: mx.array) -> mx.array:
-        if self._order is not None:
+        m = self.model
+        if self._order is not None or "fc_norm" in m:
             parts = mx.split(hidden, len(self.tap_ids), axis=-1)
-            hidden = mx.concatenate([parts[i] for i in self._order], axis=-1)
-        return self.model.fc(hidden)
+            parts = [parts[i] for i in self._order] if self._order is not None else parts
+            if "fc_norm" in m:
+                parts = [norm(x) for norm, x in zip(m.fc_norm, parts)]
+            hidden = mx.concatenate(parts, axis=-1)
+        if "input_norm" in m:
+            hidden = m.input_norm(hidden)
+        return m.fc(hidden)
 
     def embed(self, tokens: mx.array) -> mx.array:
         return self.model.embed_tokens(tokens) if "embed_tokens" in self.model else self._target.embed(tokens)
@@ -178,6 +191,8 @@ def load_eagle3(path: Path, target, target_config: dict, block_size: int | None 
     taps = cfg.tap_layers(target.num_layers)
     check_fit(cfg, taps, d2t, "embed_tokens.weight" in weights, target, target_config, path)
     model = Eagle3Model(cfg, own_embedding="embed_tokens.weight" in weights)
+    if cfg.norm_before_fc and "input_norm.weight" not in weights:  # speculators loads it as optional: ones
+        weights["input_norm.weight"] = model.input_norm.weight
     quantize_like(model, weights)
     load_strict(model, weights, path)
     return Eagle3Drafter(model, cfg, taps, target, d2t, block_size or 8)
