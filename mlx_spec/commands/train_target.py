@@ -27,6 +27,8 @@ def add_arguments(p) -> None:
     p.add_argument("--long-chats", type=int, default=0, help="long-context mix: joined multi-turn chats")
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--until", type=int, default=None,
+                   help="stop after this step (checkpointed, nothing exported); rerun without it to go on")
     p.add_argument("--init-from", type=Path, default=None, help="start from an exported model's weights")
     p.add_argument("--quantize-8bit", type=Path, default=None, help="also write an 8-bit copy here")
 
@@ -43,7 +45,10 @@ def run(args) -> int:
         corpus=CorpusConfig(docs=args.docs, seed=args.seed, long_code_chats=args.long_code_chats,
                             long_chats=args.long_chats, held_out_fraction=args.val_fraction),
     )
-    exported = train(cfg, init_from=args.init_from)
+    exported = train(cfg, init_from=args.init_from, until=args.until)
+    if exported is None:
+        print(f"stopped at step {args.until}; checkpoint in {args.out / 'checkpoint'}")
+        return 0
     print(f"model written to {exported}")
     if args.quantize_8bit:
         print(f"8-bit copy written to {quantize_copy(exported, args.quantize_8bit, bits=8)}")

@@ -151,8 +151,9 @@ def validation(model: nn.Module, val: np.ndarray, seq_len: int, batches: int = 1
     return sum(s[0].item() for s in stats) / len(stats), sum(s[1].item() for s in stats) / len(stats)
 
 
-def train(cfg: TargetTrainConfig, init_from: Path | None = None) -> Path:
-    """Train (or resume) and export the model; returns the exported folder."""
+def train(cfg: TargetTrainConfig, init_from: Path | None = None, until: int | None = None) -> Path | None:
+    """Train (or resume) and export the model; returns the exported folder. `until`: stop after that
+    step with a checkpoint and export nothing (None returned) — a time-boxed slice of a long run."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -186,7 +187,7 @@ def train(cfg: TargetTrainConfig, init_from: Path | None = None) -> Path:
     with Progress(*columns) as bar:
         task = bar.add_task("train", total=cfg.steps, completed=start, info=f"{n_params/1e6:.1f}M params")
         t0, ema = time.perf_counter(), None
-        for step in range(start, cfg.steps):
+        for step in range(start, min(cfg.steps, until) if until is not None else cfg.steps):
             loss, acc = step_fn(batch_at(train_ids, cfg.seed, step, cfg.batch_size, cfg.seq_len))
             mx.eval(loss, acc, state)
             loss = loss.item()
@@ -196,12 +197,14 @@ def train(cfg: TargetTrainConfig, init_from: Path | None = None) -> Path:
                       "lr": float(optimizer.learning_rate), "tok_s": round(tokens_per_step / dt)}
             if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
                 record["val_loss"], record["val_acc"] = (round(x, 4) for x in evaluate(model, val_ids, cfg))
-            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 == cfg.steps:
+            if (step + 1) % cfg.checkpoint_every == 0 or step + 1 in (cfg.steps, until):
                 save_checkpoint(ckpt, model, optimizer, step + 1, cfg)
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
             info = f"loss {ema:.3f}" + (f" val {record['val_loss']:.3f}" if "val_loss" in record else "")
             bar.update(task, completed=step + 1, info=f"{info} {record['tok_s']} tok/s")
+    if until is not None and until < cfg.steps:
+        return None
     return export(model, cfg, tok_dir, cfg.out / "model")
 
 
