@@ -43,6 +43,7 @@ class ControllerConfig:
     weight: float = 2.0  # pseudo-trials behind the prior (and behind a remembered estimate)
     decay: float = 0.95  # per drafting round: the estimates follow the text
     probe_every: int = 48  # plain rounds before a probe; doubles while probes find nothing...
+    first_probe: int = 4  # ...but a request that starts off (its predecessor's estimates) probes this soon
     max_probe_every: int = 512  # ...up to this
     hopeful: float = 0.9  # no probes where even this acceptance at every position would not pay
     margin: float = 0.05  # drafting must beat plain by this: the cost model's error
@@ -77,7 +78,10 @@ class AdaptiveLength:
     Costs: the time from one round's end to the next (the caller's work included) is compared
     with the curve, and plain and drafting rounds each get a running scale factor, so a curve
     measured at another context length or machine load still ranks k right. Only a round of the
-    same kind as the one before counts: the steady state the curve measured. `clock=None` keeps
+    same kind as the one before counts: the steady state the curve measured (so a probe is two
+    k = 1 rounds: the second times drafting, whose cost scale would otherwise go stale while
+    speculation is off). A request starting from its predecessor's estimates (another kind of text,
+    perhaps) probes after `first_probe` plain rounds. `clock=None` keeps
     the costs as calibrated (draft lengths that depend on acceptance alone).
     """
 
@@ -92,10 +96,13 @@ class AdaptiveLength:
         self.cost_scale = list(memory.cost_scale) if memory is not None else [1.0, 1.0]
         self.can_pay = best_length(curve, [config.hopeful] * self.max_k, self.max_k, config.margin) > 0
         self.interval, self.rounds_off = config.probe_every, 0
+        if memory is not None and memory.alphas:  # the last request's text may have been another kind of text
+            self.rounds_off = max(0, config.probe_every - config.first_probe)
         self._choice: int | None = None  # best_length for the current estimates and costs
         self._scale_chosen = list(self.cost_scale)
         self._tick: float | None = None
         self._last_k: int | None = None
+        self._probe_left = 0  # a probe is two k = 1 rounds: the second is steady, so it times drafting too
 
     def estimates(self) -> list[float]:
         alphas, before, w = [], self.cfg.prior, self.cfg.weight
@@ -120,10 +127,12 @@ class AdaptiveLength:
             self.interval = self.cfg.probe_every
             if k < self.max_k and self.trials[k] < self.cfg.explore_below:
                 k += 1  # little recent evidence one position deeper: draft it too, so a longer block can win
+        elif self._probe_left:
+            self._probe_left, k = 0, 1
         else:
             self.rounds_off += 1
             if self.rounds_off >= self.interval and self.max_k and self.can_pay:
-                self.rounds_off, k = 0, 1
+                self.rounds_off, k, self._probe_left = 0, 1, 1
                 self.interval = min(2 * self.interval, self.cfg.max_probe_every)
         return k
 
