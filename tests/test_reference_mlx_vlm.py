@@ -1,6 +1,13 @@
-"""EAGLE-3 against mlx-vlm's own implementation, on the same random weights: mlx-vlm's round loop
-(`mlx_vlm.speculative.eagle3._eagle3_rounds` with its `Eagle3DraftModel`) and mlx-spec's loop commit the
-same tokens and accept the same number of drafts in every round, greedy, at several block sizes.
+"""EAGLE-3 and Qwen3.5 MTP against mlx-vlm's own implementations, on the same weights, greedy.
+
+- EAGLE-3: mlx-vlm's round loop (`mlx_vlm.speculative.eagle3._eagle3_rounds` with its `Eagle3DraftModel`)
+  and mlx-spec's loop commit the same tokens and accept the same number of drafts in every round, at
+  several block sizes.
+- Qwen3.5 MTP: mlx-vlm's `Qwen3_5MTPDraftModel` (loaded by its own sanitize from the Hugging Face `mtp.*`
+  tensors), driven through its prefill / draft_block / accept_verified_tokens, proposes the drafts our
+  loop accepts round by round, one draft per round (block 2). With more drafts a round the two differ
+  by design: mlx-vlm keeps its own chained entries for accepted drafts in the head's KV cache, mlx-spec
+  rewrites them from the target's features (as vLLM does), so only block 2 is compared.
 
 mlx-vlm pulls heavy dependencies, so it is not in the test environment; run these in a virtual
 environment that has it (`python -m venv --system-site-packages /work/venvs/dspark &&
@@ -25,6 +32,8 @@ vlm_eagle3 = pytest.importorskip(
     "`pip install mlx-vlm==0.7.10`, see this file's docstring) - the cross-check needs it")
 from mlx_vlm.speculative.drafters.eagle3.config import Eagle3Config as VlmConfig  # noqa: E402
 from mlx_vlm.speculative.drafters.eagle3.eagle3 import Eagle3DraftModel  # noqa: E402
+from mlx_vlm.speculative.drafters.qwen3_5_mtp.config import Qwen3_5MTPConfig  # noqa: E402
+from mlx_vlm.speculative.drafters.qwen3_5_mtp.qwen3_5_mtp import Qwen3_5MTPDraftModel  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 
 
@@ -109,3 +118,70 @@ def test_eagle3_rounds_equal_mlx_vlm(models_dir, target_dir, draft_vocab, extra)
             accepted += sum(a for _, a in theirs[1:-1])
             rejected += sum(a < block - 1 for _, a in theirs[1:-1])
     assert accepted > 10 and rejected > 5, (accepted, rejected)  # both paths of the loop compared
+
+
+def driven_rounds(model, draft, tok, prompt, n, block):
+    """mlx-vlm's drafter driven through its own round API against the target's greedy continuation (the
+    verify pass stood in by mlx-lm's greedy tokens and the target's hidden states over the whole sequence:
+    rows of committed tokens are all a drafter reads), our drafter in lock-step on the same rows.
+    Returns the rounds (committed tokens, accepted drafts) and both drafters' drafts, round by round."""
+    from mlx_spec.engine.sampling import Sampler, SamplingParams
+
+    ids = tok.encode(prompt)
+    seq = ids + checks.plain(model.target_path, prompt, n)
+    _, taps = model.target(mx.array([seq]), None)
+    h = model.drafter.features(taps)
+    draft.reset(model.model)
+    draft.prefill_from_target_hidden(mx.array([ids]), h[:, : len(ids)], seq[len(ids)], None, greedy=True)
+    ours, state = model.drafter, model.drafter.make_state()
+    ours.observe(state, taps[:, : len(ids)], ids)
+    greedy = Sampler(SamplingParams(), model.vocab_size).drafting(0)
+    pos, rounds, drafts = len(ids), [([seq[len(ids)]], 0)], []
+    while pos + block <= len(seq):
+        d = draft.draft_block(seq[pos], h[:, pos: pos + 1], None, block, None, greedy=True)[0].tolist()
+        drafts.append((d, ours.propose(state, seq[pos], len(d), greedy).tokens.tolist()))
+        a = 0
+        while a < len(d) and d[a] == seq[pos + 1 + a]:
+            a += 1
+        new = seq[pos + 1: pos + 2 + a]
+        draft.accept_verified_tokens(h[:, pos: pos + 1 + len(d)], mx.array([d]), a, new, None, greedy=True)
+        ours.observe(state, taps[:, pos: pos + 1 + a], seq[pos: pos + 1 + a])  # the anchor and accepted drafts
+        rounds.append((new, a))
+        pos += len(new)
+    return rounds, drafts
+
+
+def hf_mtp_weights(model, tok, target):
+    """Our head after a few training steps on the target's continuation of the first prompt (so that
+    rounds accept some drafts and reject others), written back as Hugging Face stores it: `mtp.*` names,
+    zero-centred norms, which mlx-vlm's own sanitize reads."""
+    checks.train(model.drafter, model.target, tok.encode(PROMPTS[0]) + checks.plain(target, PROMPTS[0], 24), steps=40)
+    names = {"norm_e.": "pre_fc_norm_embedding.", "norm_h.": "pre_fc_norm_hidden.", "layer.": "layers.0."}
+    out = {}
+    for k, v in tree_flatten(model.drafter.head.parameters()):
+        for old, new in names.items():
+            k = new + k[len(old):] if k.startswith(old) else k
+        out["mtp." + k] = v - 1.0 if "norm" in k and v.ndim == 1 else v
+    return out
+
+
+def test_qwen35_mtp_drafts_equal_mlx_vlm(models_dir, tokenizer_dir):
+    import mtp_checkpoints
+
+    target = mtp_checkpoints.qwen35(models_dir / "mtp-qwen35", tokenizer_dir)
+    model, tok = mlx_spec.load(str(target), block_size=2)  # auto: the target's own head
+    weights = hf_mtp_weights(model, tok, target)
+    config = json.loads((target / "config.json").read_text())
+    rope = config["text_config"]["rope_parameters"]  # published Qwen3.5 configs also carry the M-RoPE split,
+    rope.update(type=rope.pop("rope_type", "default"), mrope_section=[2, 1, 1])  # which mlx-vlm requires
+    draft = Qwen3_5MTPDraftModel(Qwen3_5MTPConfig.from_dict(config))
+    draft.load_weights(list(draft.sanitize(weights).items()), strict=True)
+    accepted, rejected = 0, 0
+    for prompt in PROMPTS:
+        theirs, drafts = driven_rounds(model, draft, tok, prompt, 24, 2)
+        assert all(t == o for t, o in drafts), (prompt, drafts)
+        ours = our_rounds(model, tok, prompt, 24, 2)
+        assert ours[: len(theirs) - 1] == theirs[:-1], prompt  # the last round: cut by max_tokens
+        accepted += sum(a for _, a in theirs[1:-1])
+        rejected += sum(a == 0 for _, a in theirs[1:-1])
+    assert accepted > 5 and rejected > 5, (accepted, rejected)
