@@ -48,20 +48,22 @@ def main(spec_path: str, out_path: str) -> int:
     result = {"groups": [], "param_bytes": None}
     try:
         for group in spec["groups"]:
+            target = group.get("target_by_rank", {}).get(str(session.rank), group.get("target"))
             with session.guard("loading"):
-                model, tokenizer = load_distributed(session, group.get("target"), **load_kwargs(group))
+                model, tokenizer = load_distributed(session, target, **load_kwargs(group))
             nbytes = sum(v.nbytes for _, v in tree_flatten(model.model.parameters()))
             result["param_bytes"] = mx.distributed.all_gather(mx.array([nbytes])[None]).reshape(-1).tolist()
             if group.get("endless"):  # the test kills a rank while this runs
                 (Path(group["endless"]) / f"rank{session.rank}.pid").write_text(str(os.getpid()))
             with session.guard("generation"):
                 result["groups"].append(run_cases(model, tokenizer, group["cases"]))
+            if session.is_root:  # after each group: a test may read them while a later group runs
+                Path(out_path + ".tmp").write_text(json.dumps(result))
+                os.replace(out_path + ".tmp", out_path)
+        session.barrier()
     except DistributedError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         os._exit(2)
-    if session.is_root:
-        Path(out_path).write_text(json.dumps(result))
-    session.barrier()
     return 0
 
 

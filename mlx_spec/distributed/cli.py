@@ -90,7 +90,9 @@ def run_bench(args, prompt_sets) -> int:
         session, model, tokenizer = start(args)
         if model.drafter is None:
             raise DistributedError("bench --distributed compares plain and speculative decoding: it needs a drafter")
-        prompts = [p for ps in prompt_sets(args, tokenizer).values() for p in ps]
+        from ..bench import encode
+
+        prompts = [encode(tokenizer, p) for ps in prompt_sets(args, tokenizer).values() for p in ps]
         with session.guard("bench"):
             row = bench(session, model, tokenizer, prompts, args.max_tokens, args.repeats)
         if session.is_root:
