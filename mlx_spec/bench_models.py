@@ -106,11 +106,13 @@ class FixedAcceptance(PositionDrafter):
 
 
 def replay_cost(model, width: int, prompt_len: int = 64, repeats: int = 5) -> dict[int, float] | None:
-    """Seconds of one rollback by replay, per number of replayed tokens n = 1 … width − 1, on the loaded
-    target (None when it has no recurrent state: nothing is ever replayed)."""
-    from .engine.cache import PromptCache
+    """Seconds of one rollback by replay, per number of kept tokens n = 1 … width − 1, on the loaded target,
+    the way the loop does it: a verify pass of `width` tokens, the rewind, then the replay of the n kept
+    tokens (timed; from the recorded mixer inputs where the layout allows). None when the target has no
+    recurrent state: nothing is ever replayed."""
+    from .engine.cache import PromptCache, replay
     from .engine.recurrent import RecurrentCache
-    from .engine.rollback import leaves, replayed, restore, snapshot
+    from .engine.rollback import leaves, restore, snapshot, trim
 
     pc = PromptCache(model.target.model, None)
     if not any(isinstance(c, RecurrentCache) for c in leaves(pc.cache)):
@@ -124,11 +126,12 @@ def replay_cost(model, width: int, prompt_len: int = 64, repeats: int = 5) -> di
         best = float("inf")
         for _ in range(repeats):
             restore(pc.cache, snap)
+            mx.eval(model.target.model(mx.array([tokens[prompt_len : prompt_len + width]]), cache=pc.cache))
+            trim(pc.cache, width - n)
             t = time.perf_counter()
-            pc.replay_pass(mx.array([tokens[prompt_len : prompt_len + n]]), pc.cache)
+            replay([pc], [tokens[prompt_len : prompt_len + n]])
             mx.eval([c.state for c in leaves(pc.cache)])
             best = min(best, time.perf_counter() - t)
-            replayed(pc.cache)
         out[n] = best
     restore(pc.cache, snap)
     return out

@@ -24,7 +24,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache
 
 from .recurrent import RecurrentCache
-from .rollback import leaves, replayed
+from .rollback import leaves
 from .rotating import SpecRotatingKVCache
 
 
@@ -151,12 +151,9 @@ def replay(pcs: list) -> None:
     for pc in pcs:
         if pc.deferred:
             groups.setdefault(len(pc.deferred), []).append(pc)
+    from .cache import replay as replay_group
+
     for group in groups.values():
-        tokens = mx.array([pc.deferred for pc in group])
-        if len(group) == 1:
-            group[0].replay_pass(tokens, group[0].cache)
-        else:
-            group[0].replay_pass(tokens, batch_caches([pc.cache for pc in group]))
+        replay_group(group, [pc.deferred for pc in group])
         for pc in group:
-            replayed(pc.cache)
             pc.deferred = None

@@ -9,8 +9,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..errors import MlxSpecError
-from .rollback import UNBOUNDED, leaves, make_cache, max_trim, pending, replayed, restore, rewindable, snapshot, \
-    spec_caches, trim
+from .recurrent import recurrent_mixers, replay_mixers
+from .rollback import UNBOUNDED, drop_kept, leaves, make_cache, max_trim, pending, replayed, restore, rewindable, \
+    snapshot, spec_caches, trim
 from .rotating import SpecRotatingKVCache
 
 __all__ = ["PromptCache", "make_cache", "trim", "max_trim", "spec_caches", "eval_state", "SpecRotatingKVCache"]
@@ -49,11 +50,15 @@ class PromptCache:
 
     def __init__(self, model, drafter=None, kv_bits: int | None = None, kv_group_size: int = 64):
         self.model = model
+        from ..target import find_layers
+
+        self.layers = find_layers(model)[2]  # (the list itself: taps are substituted into it)
         self.kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size)  # quantized KV caches (mlx-lm's), if set
         self._body = body(model)
         self._drafter = drafter
         self.deferred: list[int] | None = None  # accepted tokens whose replay waits (see add)
         self.reset()
+        recurrent_mixers(model, self.layers, self.cache)  # from now on they record their inputs (see replay)
         self.reused = 0  # prompt tokens the last `reuse` found already cached
 
     def reset(self) -> None:
@@ -78,8 +83,7 @@ class PromptCache:
             if defer:
                 self.deferred = list(tokens)
             else:
-                self.replay_pass(mx.array([tokens]), self.cache)
-                replayed(self.cache)
+                replay([self], [tokens])
         self.tokens += tokens
         if len(self.tokens) == self._mark_at:
             self._checkpoint()
@@ -122,9 +126,10 @@ class PromptCache:
             return
         if drop > self.max_trim():
             raise MlxSpecError(f"cannot roll the cache back {drop} tokens exactly (at most {self.max_trim()})")
-        replay = trim(self.cache, drop)
-        if replay:
-            self.replay_pass(mx.array([self.tokens[n - replay : n]]), self.cache)
+        kept = trim(self.cache, drop)
+        if kept:  # (no verify pass to replay from here: through the whole stack)
+            drop_kept(self.cache, kept)
+            self.replay_pass(mx.array([self.tokens[n - kept : n]]), self.cache)
             replayed(self.cache)
         self._forget(n)
 
@@ -168,6 +173,28 @@ class PromptCache:
         if n == self._mark_at:
             self._checkpoint()
         return n
+
+
+def replay(pcs: list[PromptCache], tokens: list[list[int]]) -> None:
+    """Feed rewound recurrent states (of requests verified in one pass) their accepted tokens again, as many
+    for each: from the verify pass's recorded mixer inputs where the model's layout allows (only the
+    recurrent mixers run), else through the whole decoder stack (every layer takes the tokens again)."""
+    from .batch import StateView, batch_caches
+
+    pc = pcs[0]
+    t = time.perf_counter() if PromptCache.replay_seconds is not None else None
+    mixers = recurrent_mixers(pc.model, pc.layers, pc.cache)
+    caches = [p.cache for p in pcs]
+    if mixers and replay_mixers(mixers, caches, len(tokens[0]), StateView):
+        if t is not None:  # measuring (bench --rollback): wait for the states written
+            mx.eval([a for c in caches for _, a in tree_flatten([x.state for x in leaves(c)]) if isinstance(a, mx.array)])
+            PromptCache.replay_seconds += time.perf_counter() - t
+    else:
+        for c in caches:
+            drop_kept(c, len(tokens[0]))
+        pc.replay_pass(mx.array(tokens), caches[0] if len(pcs) == 1 else batch_caches(caches))
+    for c in caches:
+        replayed(c)
 
 
 def eval_state(pc: PromptCache) -> None:

@@ -15,6 +15,7 @@ step during verify: see `mlx-spec doctor`'s rollback line and the README's suppo
 
 from __future__ import annotations
 
+import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
 
@@ -70,3 +71,105 @@ class RecurrentCache(ArraysCache):
 
     def trim(self, n: int) -> int:
         raise TypeError("a recurrent state rolls back with rewind + replay (engine.cache.trim), not trim")
+
+
+# ----------------------------------------------------------------------------- replay from the verify pass
+#
+# A rewound state must be fed the accepted tokens again. Feeding them through the whole decoder stack
+# recomputes what the verify pass already computed: each recurrent layer's input at those positions
+# (causal layers: a position's hidden state never depends on later, rejected tokens). So each recurrent
+# mixer keeps its latest call's arguments (a subclass of mlx-lm's own class, substituted into the loaded
+# model like the kernels' attention: same parameters, same code), and the replay calls only those mixers
+# on the first n positions of their recorded inputs. Their outputs are never read, so MLX computes only
+# what the states depend on: no attention, MLP, output projection or LM head.
+
+import inspect
+
+import mlx.nn as nn
+
+_RECORDING: dict[type, type] = {}
+
+
+def _recording_class(cls: type) -> type:
+    sub = _RECORDING.get(cls)
+    if sub is None:
+        def __call__(self, *args, **kwargs):
+            object.__setattr__(self, "_spec_call", (args, kwargs))  # a plain attribute, not a child module
+            return cls.__call__(self, *args, **kwargs)
+
+        sub = _RECORDING[cls] = type(cls.__name__, (cls,), {"__call__": __call__, "_spec_base": cls,
+                                                             "_spec_signature": inspect.signature(cls.__call__)})
+    return sub
+
+
+def _substitute(module: nn.Module) -> nn.Module:
+    new = _recording_class(type(module)).__new__(_recording_class(type(module)))
+    new.__dict__.update(module.__dict__)
+    dict.update(new, module)
+    return new
+
+
+def recurrent_mixers(model, layers: list, caches: list) -> dict[int, nn.Module] | None:
+    """For each layer whose cache is a RecurrentCache, the one child module that takes the cache (the
+    mixer), made a recording one; None when the layout is not that simple (caches not one per layer, a
+    recurrent state inside a CacheList, several children taking the cache): then replay runs the stack."""
+    found = model.__dict__.get("_spec_mixers", False)
+    if found is not False:
+        return found
+    def takers(layer):
+        return [(name, m) for name, m in layer.children().items() if isinstance(m, nn.Module)
+                and "cache" in inspect.signature(type(m).__call__).parameters]
+
+    layers = [getattr(layer, "inner", layer) for layer in layers]  # under a hidden-state tap (target.LayerTap)
+    if len(layers) != len(caches):  # nemotron_h: the MLP blocks have no cache; the others have one each, in order
+        layers = [layer for layer in layers if takers(layer)]
+    out: dict[int, nn.Module] | None = {} if len(layers) == len(caches) else None
+    for i, c in enumerate(caches if out is not None else ()):
+        if not isinstance(c, RecurrentCache):
+            if any(isinstance(x, RecurrentCache) for x in getattr(c, "caches", ())):
+                out = None
+                break
+            continue
+        layer = layers[i]
+        takes = takers(layer)
+        if len(takes) != 1:
+            out = None
+            break
+        name, mixer = takes[0]
+        if not hasattr(type(mixer), "_spec_base"):
+            mixer = _substitute(mixer)
+            layer.update_modules({name: mixer})
+        out[i] = mixer
+    object.__setattr__(model, "_spec_mixers", out)
+    return out
+
+
+def replay_mixers(mixers: dict[int, nn.Module], cache_lists: list[list], n: int, view=None) -> bool:
+    """Feed the first n positions of the latest verify pass again to the recurrent mixers, for the rows whose
+    per-layer caches are `cache_lists` (rewound). False, with nothing done, when a mixer's latest call was
+    not that verify pass over those caches, or had a mask (padding)."""
+    calls = []
+    for i, mixer in mixers.items():
+        record = mixer.__dict__.get("_spec_call")
+        if record is None:
+            return False
+        bound = type(mixer)._spec_signature.bind(mixer, *record[0], **record[1])
+        args = bound.arguments
+        seen, first = args.get("cache"), list(args)[1]  # the parameter after self: the hidden states
+        if args.get("mask") is not None or seen is None:
+            return False
+        rows_caches = getattr(seen, "caches", [seen])  # a batched pass saw a StateView of the rows' caches
+        rows = []
+        for caches in cache_lists:
+            row = next((r for r, c in enumerate(rows_caches) if c is caches[i]), None)
+            if row is None:
+                return False
+            rows.append(row)
+        x = args[first]
+        x = x[:, :n] if rows == list(range(x.shape[0])) else x[mx.array(rows)][:, :n]
+        cache = cache_lists[0][i] if len(cache_lists) == 1 else view([caches[i] for caches in cache_lists])
+        calls.append((mixer, bound, first, x, cache))
+    for mixer, bound, first, x, cache in calls:
+        bound.arguments[first], bound.arguments["cache"] = x, cache
+        type(mixer)._spec_base.__call__(*bound.args, **bound.kwargs)
+    return True

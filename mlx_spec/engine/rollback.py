@@ -113,9 +113,11 @@ def rewindable(caches: list) -> int:
 
 
 def trim(caches: list, n: int) -> int:
-    """Take back the newest n tokens. Returns how many tokens before them must be fed again (0 without
-    recurrent layers): a recurrent state goes back to before its latest update, every other layer
-    to the same point, and the caller replays the kept part of that update (PromptCache.add)."""
+    """Take back the newest n tokens. Returns how many tokens before them the recurrent states must be fed
+    again (0 without recurrent layers): a recurrent state goes back to before its latest update, every
+    other layer drops the n tokens, and the caller replays the kept part of that update to the recurrent
+    layers (PromptCache.add; a replay through the whole stack first calls `drop_kept` so that every layer
+    takes those tokens again)."""
     if n <= 0:
         return 0
     flat = leaves(caches)
@@ -125,8 +127,15 @@ def trim(caches: list, n: int) -> int:
             replay = c.rewind(n)
     for c in flat:
         if not isinstance(c, RecurrentCache):
-            c.trim(n + replay)
+            c.trim(n)
     return replay
+
+
+def drop_kept(caches: list, n: int) -> None:
+    """Before a pass through the whole stack replays n tokens: the layers that kept them drop them too."""
+    for c in leaves(caches):
+        if not isinstance(c, RecurrentCache):
+            c.trim(n)
 
 
 def pending(caches: list) -> int:
