@@ -1,6 +1,7 @@
 """The server's speculation-under-load benchmark: its table, against two stand-in servers."""
 
 import json
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -34,7 +35,7 @@ def test_table_pairs_spec_and_plain_servers(capsys):
     try:
         loadbench_spec.main(["--spec", f"http://127.0.0.1:{spec.server_port}", "--plain",
                              f"http://127.0.0.1:{plain.server_port}", "--clients", "1,3", "--repeats", "1",
-                             "--per-client", "1", "--json"])
+                             "--per-client", "1", "--spec-pid", str(os.getpid()), "--plain-pid", str(os.getpid()), "--json"])
     finally:
         spec.shutdown()
         plain.shutdown()
@@ -42,6 +43,7 @@ def test_table_pairs_spec_and_plain_servers(capsys):
     rows = data["results"]
     assert [(r["kind"], r["clients"]) for r in rows] == [("code", 1), ("code", 3), ("raw", 1), ("raw", 3)]
     assert all(r["spec_tps"] > 0 and r["plain_tps"] > 0 and len(r["ratios"]) == 1 for r in rows)
+    assert all(r["spec_tokens_per_cpu_s"] >= 0 and "cpu_ratio" in r for r in rows)  # this process stands in for both
     paths = {p for p, _ in spec_seen}
     assert paths == {"/v1/chat/completions", "/v1/completions"} == {p for p, _ in plain_seen}
     raw = [b for p, b in spec_seen if p == "/v1/completions"]

@@ -48,9 +48,20 @@ def request(url: str, kind: str, prompt: str, args) -> int:
         return json.loads(r.read())["usage"]["completion_tokens"]
 
 
-def load(url: str, kind: str, prompts: list[str], clients: int, per_client: int, args) -> float:
-    """Aggregate completion tokens per second with `clients` clients each sending `per_client` requests."""
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU time of a local server process (Linux /proc), 0 without a pid."""
+    if not pid:
+        return 0.0
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def load(url: str, kind: str, prompts: list[str], clients: int, per_client: int, args, pid: int | None = None):
+    """Aggregate completion tokens per second with `clients` clients each sending `per_client` requests,
+    and per CPU-second of the server process when its pid is known (0.0 otherwise): on a shared machine
+    the CPU time a server spends is much less sensitive to other jobs than the wall time."""
     tokens = [0] * clients
+    cpu = cpu_seconds(pid)
 
     def client(c):
         for j in range(per_client):
@@ -62,7 +73,8 @@ def load(url: str, kind: str, prompts: list[str], clients: int, per_client: int,
         t.start()
     for t in threads:
         t.join()
-    return sum(tokens) / (time.perf_counter() - tic)
+    wall, cpu = time.perf_counter() - tic, cpu_seconds(pid) - cpu
+    return sum(tokens) / wall, sum(tokens) / cpu if cpu > 0 else 0.0
 
 
 def main(argv=None) -> int:
@@ -76,6 +88,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="spec/plain pairs per client count (medians shown)")
     p.add_argument("--logit-bias", default="{}", help='JSON, e.g. \'{"0": -100, "2": -100}\' to keep EOS away')
     p.add_argument("--api-key", default=None)
+    p.add_argument("--spec-pid", type=int, default=None, help="the speculative server's pid: also tokens per CPU-second")
+    p.add_argument("--plain-pid", type=int, default=None, help="the --no-draft server's pid")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     sets = {"code": CODE, "raw": raw_prompts()}
@@ -84,15 +98,23 @@ def main(argv=None) -> int:
         for url in (args.spec, args.plain):  # warm-up: first requests, calibration, caches
             load(url, kind, sets[kind], 2, 1, args)
         for n in (int(c) for c in args.clients.split(",")):
-            pairs = [(load(args.spec, kind, sets[kind], n, args.per_client, args),
-                      load(args.plain, kind, sets[kind], n, args.per_client, args)) for _ in range(args.repeats)]
-            row = {"kind": kind, "clients": n, "spec_tps": statistics.median(s for s, _ in pairs),
-                   "plain_tps": statistics.median(q for _, q in pairs),
-                   "ratio": statistics.median(s / q for s, q in pairs), "ratios": [s / q for s, q in pairs]}
+            pairs = [(load(args.spec, kind, sets[kind], n, args.per_client, args, args.spec_pid),
+                      load(args.plain, kind, sets[kind], n, args.per_client, args, args.plain_pid))
+                     for _ in range(args.repeats)]
+            row = {"kind": kind, "clients": n, "spec_tps": statistics.median(s[0] for s, _ in pairs),
+                   "plain_tps": statistics.median(q[0] for _, q in pairs),
+                   "ratio": statistics.median(s[0] / q[0] for s, q in pairs), "ratios": [s[0] / q[0] for s, q in pairs]}
+            if args.spec_pid and args.plain_pid:
+                cpu = [s[1] / q[1] for s, q in pairs if s[1] and q[1]]  # none: too little CPU time to count
+                row["cpu_ratio"] = statistics.median(cpu) if cpu else None
+                row["spec_tokens_per_cpu_s"] = statistics.median(s[1] for s, _ in pairs)
+                row["plain_tokens_per_cpu_s"] = statistics.median(q[1] for _, q in pairs)
             rows.append(row)
             if not args.json:
+                cpu = f" | per CPU-second {row['cpu_ratio']:.2f}x" if row.get("cpu_ratio") else ""
                 print(f"{kind:5s} {n:3d} clients | spec {row['spec_tps']:7.1f} tok/s | no-draft {row['plain_tps']:7.1f}"
-                      f" tok/s | {row['ratio']:.2f}x (pairs {' '.join(f'{r:.2f}' for r in row['ratios'])})", flush=True)
+                      f" tok/s | {row['ratio']:.2f}x (pairs {' '.join(f'{r:.2f}' for r in row['ratios'])}){cpu}",
+                      flush=True)
     if args.json:
         print(json.dumps({"schema": "mlx-spec-loadbench-spec/1", "load_average": os.getloadavg(), "results": rows},
                          indent=2))
