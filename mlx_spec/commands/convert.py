@@ -23,7 +23,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 def add_arguments(p) -> None:
     p.add_argument("model", help="Hugging Face checkpoint folder or repo id")
     p.add_argument("--out", "-o", type=Path, required=True, help="the MLX folder to write (must not exist)")
-    p.add_argument("--drafter", default=None, help="a drafter checkpoint (DFlash, DFlash 2, DSpark) to convert beside it")
+    p.add_argument("--drafter", default=None, help="a drafter checkpoint (DFlash, DFlash 2, DSpark, EAGLE-3) to convert beside it")
     p.add_argument("--q-bits", type=int, default=None, choices=(2, 3, 4, 5, 6, 8), help="quantize the target")
     p.add_argument("--drafter-q-bits", type=int, default=None, choices=(2, 3, 4, 5, 6, 8),
                    help="quantize the drafter (the MTP head or --drafter) apart from the target")
