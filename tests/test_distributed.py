@@ -187,3 +187,16 @@ def test_layout_splits_like_mlx_lm():
                 dict(num_layers=8, size=2, rank=2)]:
         with pytest.raises(MlxSpecError):
             Layout(**bad)
+
+
+def test_distributed_needs_a_launcher_and_chat_says_so(monkeypatch, capsys):
+    from mlx_spec.cli import main
+
+    monkeypatch.delenv("MLX_RANK", raising=False)
+    monkeypatch.delenv("MLX_HOSTFILE", raising=False)
+    assert main(["generate", "--distributed", "-m", "4"]) == 2
+    assert "--distributed needs ranks started by mlx.launch" in capsys.readouterr().err
+    assert main(["chat", "--distributed"]) == 2
+    assert "chat --distributed is not supported" in capsys.readouterr().err
+    assert main(["generate", "--distributed", "--split", "4,x"]) == 2
+    assert "--split wants comma-separated layer counts" in capsys.readouterr().err

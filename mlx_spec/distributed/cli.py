@@ -30,11 +30,10 @@ def config_from(args) -> DistributedConfig:
     return DistributedConfig(timeout=args.rank_timeout, split=split)
 
 
-def start(args):
+def start(args, session: Session):
     """(session, model, tokenizer) of this rank, from the model arguments."""
     from .load import load_distributed
 
-    session = Session(config_from(args))
     with session.guard("loading"):
         model, tokenizer = load_distributed(session, args.model, drafter=None if args.no_draft else args.drafter,
                                             mode=args.mode, dtype=args.dtype, block_size=args.block_size)
@@ -58,8 +57,9 @@ def run_generate(args, prompt, chat_prompt) -> int:
     from ..generate import stream_generate
     from ..options import sampling_from
 
+    session = Session(config_from(args))  # not under mlx.launch: a plain error, nothing to tear down
     try:
-        session, model, tokenizer = start(args)
+        session, model, tokenizer = start(args, session)
         sampling = shared_sampling(session, sampling_from(args))
         prompt = chat_prompt(args, tokenizer, prompt)
         last = None
@@ -86,8 +86,9 @@ def run_bench(args, prompt_sets) -> int:
 
     from .bench import run_bench as bench
 
+    session = Session(config_from(args))
     try:
-        session, model, tokenizer = start(args)
+        session, model, tokenizer = start(args, session)
         if model.drafter is None:
             raise DistributedError("bench --distributed compares plain and speculative decoding: it needs a drafter")
         from ..bench import encode

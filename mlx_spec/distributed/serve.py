@@ -142,8 +142,8 @@ def run_serve(args, cfg) -> int:
     from ..app.server.serve import make_server
     from .cli import config_from
 
+    session = Session(config_from(args))  # not under mlx.launch: a plain error, nothing to tear down
     try:
-        session = Session(config_from(args))
         backend = DistributedBackend(cfg.model, cfg.prefix_cache_size, session)
         if not session.is_root:
             backend.load()

@@ -36,9 +36,14 @@ def add_arguments(p) -> None:
     add_learn_arguments(p)
     p.add_argument("--baseline-tokens", type=int, default=32,
                    help="plain-decoding tokens measured at start-up for the speedup estimate (0: skip)")
+    p.add_argument("--distributed", action="store_true",
+                   help="not available for chat: run `serve --distributed` under mlx.launch and chat through it")
 
 
 def run(args) -> int:
+    if args.distributed:  # mlx.launch gives its ranks no terminal to read from
+        raise MlxSpecError("chat --distributed is not supported: mlx.launch gives the ranks no terminal; run "
+                           "`mlx.launch ... -- mlx-spec serve --distributed` and chat through the server")
     settings = Settings(sampling=sampling_from(args), max_tokens=args.max_tokens, block_size=args.block_size,
                         verbose=args.show_drafts, markdown=not args.no_markdown, stop=tuple(args.stop))
     if args.baseline_tokens < 0:
