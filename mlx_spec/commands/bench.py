@@ -58,7 +58,7 @@ def prompt_sets(args, tokenizer) -> dict[str, list]:
             sets[kind] = PROMPTS[kind]
     if args.prompts:
         for p in read_prompts(args.prompts):
-            sets.setdefault(p.get("kind", "user"), []).append(p["text"] if "text" in p else p["messages"])  # text: raw
+            sets.setdefault(p.get("kind", "user"), []).append({"raw": p["text"]} if "text" in p else p["messages"])
     return sets
 
 
