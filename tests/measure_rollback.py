@@ -1,46 +1,64 @@
-"""Not a test: `python tests/measure_rollback.py [DIR]`. Rollback cost on a Qwen3.5-shaped random model (3 Gated DeltaNet : 1 attention) vs a dense qwen3 of the same size."""
-import sys, time, tempfile
+"""Not a test: `python tests/measure_rollback.py [DIR]` — where a Qwen3.5-shaped hybrid's verify pass spends
+its time against a dense qwen3 of the same size (the models of `mlx-spec bench --rollback`).
+
+Prints, in CPU seconds of this process (robust on a shared machine, unlike wall time): one synchronous
+target pass over M = 1 and 8 tokens for both models, and mlx-lm's Gated DeltaNet recurrence alone
+(`gated_delta_update`, which off Metal runs `gated_delta_ops`: one compiled step per token) at T = 1 and 8.
+Run it with the BLAS you measure (LD_PRELOAD=.../libopenblas.so.0 OPENBLAS_NUM_THREADS=1 for OpenBLAS).
+"""
+import statistics
+import sys
+import tempfile
+import time
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).parent))
-import factory, archs, mlx_lm, mlx_spec
-from mlx_spec.engine import cache as cache_mod
 
-d = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp()); tok = d / "tok"
-if not (tok / "tokenizer.json").exists(): factory.make_tokenizer(tok)
-W = dict(hidden_size=256, intermediate_size=512, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
-hy = archs.make(d / "q35", tok, "qwen3_5", layers=8, text_config={**archs.FAMILIES["qwen3_5"]["text_config"], **W,
-     "linear_num_value_heads": 8, "linear_num_key_heads": 4, "linear_key_head_dim": 32, "linear_value_head_dim": 32,
-     "full_attention_interval": 4}, **W)
-archs.FAMILIES["qwen3"] = dict(model_type="qwen3")
-dense = archs.make(d / "qwen3", tok, "qwen3", layers=8, **W)
+import mlx.core as mx
+import mlx_lm
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.gated_delta import gated_delta_update
 
-replays = {"tokens": 0, "time": 0.0}  # tokens replayed after partial acceptance, and the time it took (synced)
-orig_add = cache_mod.PromptCache.add
-def add(self, tokens, hidden):
-    behind = cache_mod.pending(self.cache)
-    if behind:
-        t = time.perf_counter(); orig_add(self, tokens, hidden); cache_mod.eval_state(self)
-        replays["tokens"] += behind; replays["time"] += time.perf_counter() - t
-        return
-    orig_add(self, tokens, hidden)
-cache_mod.PromptCache.add = add
+from mlx_spec.bench_models import DENSE, QWEN35, build
 
-prompt = "def add(a, b):\n    return a + b\n"
-for name, path in (("qwen3.5-shaped", hy), ("dense qwen3", dense)):
-    model, tk = mlx_spec.load(str(path), drafter=None)
-    ref = [r.token for r in mlx_lm.stream_generate(*mlx_lm.load(str(path)), prompt, max_tokens=64)]
-    ids = tk.encode(prompt)
-    for er in (None, 1.0, 0.15, 0.0):
-        model.drafter = None if er is None else factory.OracleDrafter(ids + ref, 8, er, seed=1, vocab=300)
-        best = None
-        for rep in range(3):
-            replays.update(tokens=0, time=0.0)
-            t = time.perf_counter(); out = []
-            for r in mlx_spec.stream_generate(model, tk, prompt, max_tokens=64, block_size=None if er is None else 8):
-                out += r.tokens
-            dt = time.perf_counter() - t
-            if best is None or dt < best[0]: best = (dt, r.spec, dict(replays), len(out))
-        dt, st, rp, n = best
-        acc = "plain" if er is None else f"accept {st.accepted}/{st.drafted}"
-        print(f"{name:15s} {acc:18s} {n/dt:7.1f} tok/s  rounds {st.rounds:3d}  replayed {rp['tokens']:3d} tokens in {rp['time']*1e3:6.1f} ms"
-              f" ({rp['time']/max(1,st.rounds)*1e3:.2f} ms/round)", flush=True)
+
+def cpu_ms(fn, reps=60):
+    for _ in range(5):
+        fn()
+    times = []
+    for _ in range(reps):
+        t = time.process_time()
+        fn()
+        times.append(time.process_time() - t)
+    return statistics.median(times) * 1e3
+
+
+def main():
+    d = Path(sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp())
+    ids = mx.array([[(7 * i) % 1000 + 3 for i in range(64)]])
+    for name, config in (("qwen3.5-shaped", QWEN35), ("dense qwen3", DENSE)):
+        model, _ = mlx_lm.load(str(build(d / name.split()[-1], config)))
+        row = {}
+        for m in (1, 8):
+            def run():
+                cache = make_prompt_cache(model)
+                model(ids[:, :48], cache=cache)  # a context, then the pass measured with it
+                mx.eval([c.state for c in cache])
+                t = time.process_time()
+                mx.eval(model(ids[:, 48 : 48 + m], cache=cache))
+                return time.process_time() - t
+            run()
+            row[m] = statistics.median(run() for _ in range(40)) * 1e3
+        print(f"{name:15s} t(1) {row[1]:6.2f} ms  t(8) {row[8]:6.2f} ms  t(8)/t(1) {row[8] / row[1]:.2f}")
+    text = QWEN35["text_config"]
+    hk, dk, hv, dv = (text[k] for k in ("linear_num_key_heads", "linear_key_head_dim", "linear_num_value_heads",
+                                        "linear_value_head_dim"))
+    for t_len in (1, 8):
+        q, k = (mx.random.normal((1, t_len, hk, dk)) * 0.1 for _ in range(2))
+        v, a, b = (mx.random.normal(s) for s in ((1, t_len, hv, dv), (1, t_len, hv), (1, t_len, hv)))
+        state, a_log, dt = mx.zeros((1, hv, dv, dk)), mx.zeros((hv,)), mx.ones((hv,))
+        mx.eval(q, k, v, a, b, state)
+        ms = cpu_ms(lambda: mx.eval(gated_delta_update(q, k, v, a, b, a_log, dt, state)), reps=200)
+        print(f"mlx-lm Gated DeltaNet recurrence, one layer, T = {t_len}: {ms:.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
