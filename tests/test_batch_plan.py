@@ -156,3 +156,22 @@ def test_planned_batches_decode_as_alone(pair):
     got, passes = decode(model, [gen(model, tok, p, s, planned(a)) for (p, s, _), a in zip(REQUESTS, alphas)])
     assert got == want
     assert passes[0][0] > 0 and passes[0][1] == 0  # the planner mixed plain and drafting rows in a pass
+
+
+def test_a_request_alone_keeps_its_own_lengths_and_timing(pair):
+    """plan_batch is for batches: a lone request's drafting rounds are its own controller's, and timed."""
+    model, tok = pair
+    ticks = iter(range(0, 10 ** 6, 2))  # every round takes about twice what the curve says
+    lengths = AdaptiveLength(curve(0.02), 5, clock=lambda: float(next(ticks)))
+    lengths.hits, lengths.trials = [45.0] * 5, [50.0] * 5
+    g = gen(model, tok, "def add(a, b):", SamplingParams(), lengths)
+    g.start()
+    seen = []
+    for _ in range(4):
+        want = lengths.next() if g.state.k is None else g.state.k
+        r = step_all(model, [g])[0]
+        seen.append((want, r.drafted))
+        if g.finished:
+            break
+    assert seen[0][0] > 0 and all(w == d for w, d in seen)  # the drafted lengths are the controller's own
+    assert lengths.cost_scale[1] > 1.05  # and its rounds were timed (a batched round's are not: they are the batch's)

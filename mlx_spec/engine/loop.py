@@ -91,7 +91,8 @@ def step(target, drafter, states: list[DecodeState]) -> list[Round]:
     for s in states:
         plan(s)
         settle(s)
-    plan_batch(states)  # one pass for all: the lengths are planned together, from the batch's width
+    if len(states) > 1:  # one pass for all: the lengths are planned together, from the batch's width
+        plan_batch(states)
     proposals = [draft(drafter, s) for s in states]
     logits, hidden, width = verify(target, states, proposals)
     rounds = []
