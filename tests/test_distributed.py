@@ -200,3 +200,25 @@ def test_distributed_needs_a_launcher_and_chat_says_so(monkeypatch, capsys):
     assert "chat --distributed is not supported" in capsys.readouterr().err
     assert main(["generate", "--distributed", "--split", "4,x"]) == 2
     assert "--split wants comma-separated layer counts" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_generate_cli_under_mlx_launch():
+    """The documented command: `mlx.launch --backend ring -n 2 ... generate --distributed` prints what one
+    process prints."""
+    import shutil
+    import subprocess
+    import sys
+
+    from mlx_spec import generate, load
+
+    launcher = shutil.which("mlx.launch")
+    if launcher is None:
+        pytest.skip("mlx.launch is not on PATH")
+    cmd = [launcher, "--backend", "ring", "-n", "2", "--python", sys.executable, "--", "-m", "mlx_spec.cli",
+           "generate", "--distributed", "--raw", "-p", "def add(a, b):", "-m", "16", "--block-size", "8"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=distributed_launch.REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    model, tokenizer = load(None)
+    assert out.stdout == generate(model, tokenizer, "def add(a, b):", 16, block_size=8) + "\n"
+    assert "| 2 ranks" in out.stderr

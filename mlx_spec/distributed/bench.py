@@ -64,15 +64,20 @@ def run_bench(session: Session, model, tokenizer, prompts: list, max_tokens: int
     tps = {"plain": [], "spec": []}
     rounds = {"plain": 0, "spec": 0}
     tokens = {"plain": 0, "spec": 0}
+    pairs = []  # speculative over plain tok/s of one prompt, run back to back: robust to a drifting load
     for _ in range(repeats):
         work = {"plain": [0, 0.0], "spec": [0, 0.0]}
         for prompt in prompts:
+            pair = {}
             for kind in ("plain", "spec"):
                 n, seconds, r = generation_tps(model, tokenizer, prompt, max_tokens, kind == "spec", session)
                 work[kind][0] += n - 1
                 work[kind][1] += seconds
                 rounds[kind] += r
                 tokens[kind] += n - 1
+                pair[kind] = (n - 1) / max(seconds, 1e-9)
+            if pair["plain"] > 0:
+                pairs.append(pair["spec"] / pair["plain"])
         for kind in tps:
             tps[kind].append(work[kind][0] / max(work[kind][1], 1e-9))
     block = model.drafter.block_size
@@ -80,6 +85,7 @@ def run_bench(session: Session, model, tokenizer, prompts: list, max_tokens: int
     p, s = statistics.median(tps["plain"]), statistics.median(tps["spec"])
     return {"ranks": session.size, "split": list(model.target.layout.split), "block_size": block,
             "plain_tps": round(p, 2), "spec_tps": round(s, 2), "speedup": round(s / p, 3),
+            "speedup_median_of_pairs": round(statistics.median(pairs), 3) if pairs else None,
             "tokens_per_pass_spec": round(tokens["spec"] / max(rounds["spec"], 1), 3),
             "comm_ms_per_plain_round": round(comm_plain * 1e3, 3),
             "comm_ms_per_verify_round": round(comm_spec * 1e3, 3),

@@ -54,7 +54,7 @@ def shared_sampling(session: Session, sampling):
 
 def run_generate(args, prompt, chat_prompt) -> int:
     from ..commands.generate import summary
-    from ..generate import stream_generate
+    from ..generate import make_generation, step_all
     from ..options import sampling_from
 
     session = Session(config_from(args))  # not under mlx.launch: a plain error, nothing to tear down
@@ -62,13 +62,18 @@ def run_generate(args, prompt, chat_prompt) -> int:
         session, model, tokenizer = start(args, session)
         sampling = shared_sampling(session, sampling_from(args))
         prompt = chat_prompt(args, tokenizer, prompt)
-        last = None
+        g = make_generation(model, tokenizer, prompt, args.max_tokens, sampling=sampling, stop=args.stop,
+                            block_size=args.block_size, adaptive=False)
         with session.guard("generation"):
-            for last in stream_generate(model, tokenizer, prompt, args.max_tokens, sampling=sampling, stop=args.stop,
-                                        block_size=args.block_size, adaptive=False):
+            for last in g.prefill():  # the watchdog's clock restarts after every chunk and round
                 session.progress()
+            while True:
                 if session.is_root:
                     print(last.text, end="", flush=True)
+                if g.finished:
+                    break
+                last = step_all(model, [g])[0]
+                session.progress()
         if session.is_root:
             print()
             print(summary(last, model.drafter is not None) + f" | {session.size} ranks", file=sys.stderr, flush=True)

@@ -119,14 +119,13 @@ def _drafter_on_root(session: Session, load):
         try:
             inner = load()
             facts = [1, 0, 0] if inner is None else [1, inner.block_size, len(inner.tap_ids)]
-        except MlxSpecError as e:
-            print(f"error: rank 0: {e}", flush=True)
+        except MlxSpecError as e:  # rank 0 raises it; the others must not wait for a drafter
             facts, failure = [0, 0, 0], e
     ok, block, n_taps = session.share_ints(facts, 3)
     if not ok:
         if session.is_root:
             raise failure
-        raise DistributedError("rank 0 could not load the drafter (its error is above)")
+        raise DistributedError("rank 0 could not load the drafter (see rank 0's error)")
     if block == 0:
         return None
     taps = session.share_ints(list(inner.tap_ids) if session.is_root else None, n_taps) if n_taps else []
