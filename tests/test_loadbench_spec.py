@@ -48,3 +48,16 @@ def test_table_pairs_spec_and_plain_servers(capsys):
     assert paths == {"/v1/chat/completions", "/v1/completions"} == {p for p, _ in plain_seen}
     raw = [b for p, b in spec_seen if p == "/v1/completions"]
     assert raw and all("prompt" in b and b["temperature"] == 0.0 for b in raw)  # raw text, no chat template
+
+
+def test_a_server_that_fails_fails_the_benchmark():
+    import socket
+
+    import pytest
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(SystemExit, match=str(port)):
+        loadbench_spec.main(["--spec", f"http://127.0.0.1:{port}", "--plain", f"http://127.0.0.1:{port}",
+                             "--clients", "1", "--repeats", "1", "--per-client", "1"])

@@ -60,12 +60,15 @@ def load(url: str, kind: str, prompts: list[str], clients: int, per_client: int,
     """Aggregate completion tokens per second with `clients` clients each sending `per_client` requests,
     and per CPU-second of the server process when its pid is known (0.0 otherwise): on a shared machine
     the CPU time a server spends is much less sensitive to other jobs than the wall time."""
-    tokens = [0] * clients
+    tokens, errors = [0] * clients, []
     cpu = cpu_seconds(pid)
 
     def client(c):
-        for j in range(per_client):
-            tokens[c] += request(url, kind, prompts[(c * per_client + j) % len(prompts)], args)
+        try:
+            for j in range(per_client):
+                tokens[c] += request(url, kind, prompts[(c * per_client + j) % len(prompts)], args)
+        except Exception as e:  # a refused or failed request fails the benchmark, not only its thread
+            errors.append(e)
 
     threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
     tic = time.perf_counter()
@@ -73,6 +76,8 @@ def load(url: str, kind: str, prompts: list[str], clients: int, per_client: int,
         t.start()
     for t in threads:
         t.join()
+    if errors:
+        raise SystemExit(f"{url}: {errors[0]}")
     wall, cpu = time.perf_counter() - tic, cpu_seconds(pid) - cpu
     return sum(tokens) / wall, sum(tokens) / cpu if cpu > 0 else 0.0
 
