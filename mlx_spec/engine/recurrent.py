@@ -120,7 +120,12 @@ def recurrent_mixers(model, layers: list, caches: list) -> dict[int, nn.Module] 
         return [(name, m) for name, m in layer.children().items() if isinstance(m, nn.Module)
                 and "cache" in inspect.signature(type(m).__call__).parameters]
 
-    layers = [getattr(layer, "inner", layer) for layer in layers]  # under a hidden-state tap (target.LayerTap)
+    def unwrapped(layer):  # under a hidden-state tap (target.LayerTap) or a pipeline stage's wrapper
+        while isinstance(layer.get("inner"), nn.Module):
+            layer = layer["inner"]
+        return layer
+
+    layers = [unwrapped(layer) for layer in layers]
     if len(layers) != len(caches):  # nemotron_h: the MLP blocks have no cache; the others have one each, in order
         layers = [layer for layer in layers if takers(layer)]
     out: dict[int, nn.Module] | None = {} if len(layers) == len(caches) else None
