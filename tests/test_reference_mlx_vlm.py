@@ -57,14 +57,14 @@ class VlmTarget:
             c.trim(block_size - 1 - int(accepted))
 
 
-def reference_rounds(model, drafter_dir, prompt, max_tokens, block):
+def reference_rounds(model, tok, drafter_dir, prompt, max_tokens, block):
     """mlx-vlm's loop, greedy: (tokens, accepted drafts) per round, the prefill's token first."""
     config = json.loads((drafter_dir / "config.json").read_text())
     draft = Eagle3DraftModel(VlmConfig.from_dict(config))
     weights = draft.sanitize(dict(mx.load(str(drafter_dir / "model.safetensors"))))
     draft.load_weights(list(weights.items()), strict=False)  # embed_tokens: the target's (bound below)
     target = VlmTarget(model)
-    ids = mx.array([model_tokenizer(model).encode(prompt)])
+    ids = mx.array([tok.encode(prompt)])
     cache = make_prompt_cache(model.model)
     logits, hidden = model.target(ids, cache)
     first = int(logits[0, -1].argmax())
@@ -78,10 +78,6 @@ def reference_rounds(model, drafter_dir, prompt, max_tokens, block):
         out.append(([t for t, _ in toks[pos: pos + a + 1]], a))
         pos += a + 1
     return out
-
-
-def model_tokenizer(model):
-    return model_tokenizer.tok
 
 
 def our_rounds(model, tok, prompt, max_tokens, block):
@@ -105,12 +101,11 @@ def test_eagle3_rounds_equal_mlx_vlm(models_dir, target_dir, draft_vocab, extra)
     weights.update({k.replace("midlayer.", "layers.0."): v for k, v in tree_flatten(model.drafter.model.parameters())})
     mx.save_safetensors(str(drafter / "model.safetensors"), weights)
     model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter), block_size=8)
-    model_tokenizer.tok = tok
     accepted, rejected = 0, 0
     for prompt in PROMPTS:
         for block in (2, 4, 6):
             ours = our_rounds(model, tok, prompt, 24, block)
-            theirs = reference_rounds(model, drafter, prompt, 24, block)
+            theirs = reference_rounds(model, tok, drafter, prompt, 24, block)
             n = sum(len(t) for t, _ in theirs)
             assert [t for r, _ in ours for t in r][:n] == [t for r, _ in theirs for t in r], (prompt, block)
             # Round by round, but for the last: near max_tokens the loops size their last draft differently.
