@@ -20,6 +20,9 @@ def run_cases(model, tokenizer, cases: list[dict]) -> dict:
 
     out = {}
     for case in cases:
+        if "turns" in case:  # a conversation: each turn continues the last prompt and reply, one cache
+            out[case["name"]] = conversation(model, tokenizer, case)
+            continue
         gens = [make_generation(model, tokenizer, p, case["max_tokens"], block_size=case.get("block_size"),
                                 adaptive=False, speculative=case.get("speculative", True), **case.get("sampling", {}))
                 for p in case["prompts"]]
@@ -31,6 +34,23 @@ def run_cases(model, tokenizer, cases: list[dict]) -> dict:
         out[case["name"]] = {"tokens": tokens, "accepted": sum(g.stats.accepted for g in gens),
                              "rounds": sum(g.stats.rounds for g in gens)}
     return out
+
+
+def conversation(model, tokenizer, case: dict) -> dict:
+    from mlx_spec.generate import make_generation, make_prompt_cache, step_all
+
+    pc, ids, turns, accepted = make_prompt_cache(model), [], [], 0
+    for text in case["turns"]:
+        ids = ids + tokenizer.encode(text)
+        g = make_generation(model, tokenizer, ids, case["max_tokens"], block_size=case.get("block_size"),
+                            adaptive=False, prompt_cache=pc)
+        tokens = list(g.start().tokens)
+        while not g.finished:
+            tokens += step_all(model, [g])[0].tokens
+        turns.append(tokens)
+        # "edit": the next turn follows the prompt, not the reply (a regenerated or edited message)
+        ids, accepted = (ids if case.get("edit") else ids + tokens), accepted + g.stats.accepted
+    return {"tokens": turns, "accepted": accepted, "rounds": 0}
 
 
 def load_kwargs(group: dict) -> dict:

@@ -51,7 +51,10 @@ def hybrid(models_dir, tokenizer_dir):
             {"name": "hy-batched", "prompts": [REPEAT, "class Stack:"], "max_tokens": 16},
             {"name": "hy-seeded", "prompts": [REPEAT], "max_tokens": 12, "sampling": {"temperature": 1.0, "seed": 3}}]},
         {"target": t, "mode": "lookup", "block_size": 5, "cases": [
-            {"name": "hy-lookup", "prompts": [REPEAT], "max_tokens": 12}]},
+            {"name": "hy-lookup", "prompts": [REPEAT], "max_tokens": 12},
+            # a follow-up turn on the same cache: the ranks must agree on the prefix they reuse
+            {"name": "hy-turns", "turns": [REPEAT, " Hello, how are"], "max_tokens": 8},
+            {"name": "hy-edit", "turns": [REPEAT, " class Stack:"], "max_tokens": 8, "edit": True}]},
     ]
 
 
@@ -103,10 +106,10 @@ def _wait_generating(procs, tmp_path, timeout: float = 200) -> None:
     deadline = time.monotonic() + timeout
     while not all((tmp_path / f"rank{r}.pid").exists() for r in range(len(procs))):
         assert time.monotonic() < deadline, "the ranks did not reach the long generation"
-        for rank, p in enumerate(procs):
-            if p.poll() is not None:
-                rc, _, err = distributed_launch.finish(procs, timeout=5)[rank]
-                raise AssertionError(f"rank {rank} exited with {rc} before the long generation:\n{err[-3000:]}")
+        if any(p.poll() is not None for p in procs):
+            ends = distributed_launch.finish(procs, timeout=5)
+            raise AssertionError("a rank exited before the long generation:\n" + "\n".join(
+                f"rank {r} exited with {rc}:\n{err[-2000:]}" for r, (rc, _, err) in enumerate(ends)))
         time.sleep(0.2)
     time.sleep(1.0)  # well inside the generation
     assert all(p.poll() is None for p in procs), "a rank finished before the fault"

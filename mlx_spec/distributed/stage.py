@@ -115,8 +115,10 @@ class PipelineTarget(Target):
             raise LoadError(f"rank {layout.rank} holds {len(self._layers)} layers, its stage has "
                             f"{layout.end - layout.start}")
         from ..engine.cache import body
+        from .reuse import prompt_cache_class
 
         self._body = body(model)
+        self.prompt_cache_class = prompt_cache_class(group)  # generate.make_prompt_cache builds these
 
     @property
     def num_layers(self) -> int:

@@ -1,0 +1,26 @@
+"""A conversation's cache on one rank: prefix reuse that every rank can do alike.
+
+How far back a cache can go exactly depends on its layers (a recurrent state only to before its
+latest update, a sliding window a few rows; plain KV anywhere), and ranks hold different layers.
+A follow-up prompt must prefill the same tokens on every rank (each prefill pass is a pipeline
+pass), so the ranks agree: they keep the common prefix only if every rank can go back to it
+exactly, else they all start afresh (dense targets always can; a hybrid then re-prefills).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from ..engine.cache import PromptCache
+
+
+def prompt_cache_class(group):
+    class SharedPromptCache(PromptCache):
+        def reuse(self, prompt: list[int]) -> int:
+            n = min(self.common_prefix(prompt), len(prompt) - 1)
+            able = int(len(self.tokens) - n <= self.max_trim())
+            if mx.distributed.all_sum(mx.array(1 - able, mx.int32), group=group).item():  # some rank cannot
+                self.reset()
+            return super().reuse(prompt)
+
+    return SharedPromptCache
