@@ -59,7 +59,7 @@ def test_greedy_matches_mlx_lm_with_quantized_kv(which, models_dir, tokenizer_di
     assert any(isinstance(c, QuantizedKVCache) for c in pc.cache)
 
 
-@pytest.mark.parametrize("which", ["qwen3", "qwen3_5-q4"])  # dense; hybrid with 4-bit weights
+@pytest.mark.parametrize("which", [pytest.param("qwen3", marks=pytest.mark.slow), "qwen3_5-q4"])  # hybrid, 4-bit
 def test_batched_equals_alone_with_quantized_kv(which, models_dir, tokenizer_dir, monkeypatch):
     target = build(models_dir, tokenizer_dir, which)
     model, tok = mlx_spec.load(str(target), drafter=None)

@@ -54,8 +54,8 @@ def test_oracle_drafters_match_plain_greedy(family, monkeypatch):
     model, tok = mlx_spec.load(str(target), drafter=None)
     assert spec(model, tok, PROMPT)[0] == ref  # plain decoding first: no rollback needed, none refused
     ids = tok.encode(PROMPT)
-    for error_rate in (0.0, 0.3, 1.0):
-        for block in (2, 5, 16):
+    for error_rate, blocks in ((0.0, (2, 16)), (0.3, (2, 5, 16)), (1.0, (2, 16))):
+        for block in blocks:
             model.drafter = factory.OracleDrafter(ids + ref, block, error_rate, seed=block, vocab=300)
             got, last = spec(model, tok, PROMPT, block_size=block)
             assert got == ref, (name, error_rate, block)

@@ -8,14 +8,18 @@ latest update costs one reference per slot, never a copy.
 
 Rollback is then checkpoint + replay: `rewind(n)` puts back the state from before the latest
 update of S tokens and reports S - n tokens to feed again; the prompt cache replays those
-(the accepted ones) through the target. Only rounds that rejected a draft pay for it; a fully
+(the accepted ones) through the recurrent mixers alone, from their inputs recorded in the verify
+pass (below; else through the decoder stack). Only rounds that rejected a draft pay for it; a fully
 accepted block, plain decoding and prefill never replay. (Measured against recording a state per
 step during verify: see `mlx-spec doctor`'s rollback line and the README's support table.)
 """
 
 from __future__ import annotations
 
+import inspect
+
 import mlx.core as mx
+import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
 
@@ -82,10 +86,6 @@ class RecurrentCache(ArraysCache):
 # model like the kernels' attention: same parameters, same code), and the replay calls only those mixers
 # on the first n positions of their recorded inputs. Their outputs are never read, so MLX computes only
 # what the states depend on: no attention, MLP, output projection or LM head.
-
-import inspect
-
-import mlx.nn as nn
 
 _RECORDING: dict[type, type] = {}
 
