@@ -14,6 +14,8 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 import distributed_launch
 
 PROMPTS = ["def add(a, b):", "class Stack:", "for i in range(10):\n"]
@@ -38,6 +40,7 @@ def wait_up(port: int, procs, timeout: float = 120) -> None:
     raise AssertionError("the server did not come up")
 
 
+@pytest.mark.slow  # ~25-55 s here: over what the default run has room for next to test_distributed's 3-rank run
 def test_serve_distributed_matches_one_process_and_fails_clearly():
     from mlx_spec import generate, load
 
