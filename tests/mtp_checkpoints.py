@@ -170,6 +170,30 @@ def deepseek_v3(out: Path, tokenizer_dir: Path, model_type: str = "deepseek_v3",
     return _write(out, weights, config, tokenizer_dir)
 
 
+HEAD_NAMES = {"norm_e.": "enorm.", "norm_h.": "hnorm.", "fc.": "eh_proj.", "norm.": "shared_head.norm."}
+
+
+def with_head(src: Path, out: Path, head, model_type: str | None = None) -> Path:
+    """`src` (a DeepSeek-V3-layout checkpoint) with its MTP module at model.layers.{N} replaced by a loaded
+    (e.g. fitted) head, written back in the published form: mlx-lm's split MLA joined into kv_b_proj, experts
+    one tensor each. The target's own tensors are copied unchanged; `model_type` retypes the config (Kimi-K2)."""
+    config = json.loads((src / "config.json").read_text())
+    n = config["num_hidden_layers"]
+    flat = dict(tree_flatten(head.parameters()))
+    layer = {k[len("layer."):]: v for k, v in flat.items() if k.startswith("layer.")}
+    block = _hf_block(_hf_mla(layer, config["num_attention_heads"], config["qk_nope_head_dim"]))
+    weights = dict(mx.load(str(src / "model.safetensors")))
+    written = {f"model.layers.{n}.{k}" for k in block}
+    written |= {f"model.layers.{n}.{new}weight" for new in HEAD_NAMES.values()}
+    published = {k for k in weights if k.startswith(f"model.layers.{n}.") and "shared_head.head" not in k
+                 and "embed_tokens" not in k}
+    assert written == published, written ^ published  # the module's tensors, each rewritten, no others
+    weights.update({f"model.layers.{n}.{k}": v for k, v in block.items()})
+    for old, new in HEAD_NAMES.items():
+        weights[f"model.layers.{n}.{new}weight"] = flat[f"{old}weight"]
+    return _write(out, weights, {**config, "model_type": model_type or config["model_type"]}, src)
+
+
 def converted(src: Path, out: Path, bits: int) -> Path:
     """What a converter that keeps the MTP head writes: the target in mlx layout, quantized, and the
     `mtp.*` tensors beside it with their norms already shifted (weight + 1), as the target's are."""

@@ -165,12 +165,70 @@ def test_deepseek_v3_head_computes_the_published_module(deepseek):
     assert mx.allclose(ours, ref[0].astype(mx.float32), atol=1e-4).item()
 
 
+DS_N = 48  # PROMPTS[0]'s greedy continuation on this target ends (EOS) after 17 tokens
+
+
 @pytest.mark.parametrize("model_type", ["deepseek_v3", pytest.param("kimi_k2", marks=pytest.mark.slow)])
 def test_deepseek_v3_greedy_identity(deepseek, models_dir, tokenizer_dir, model_type):
+    """The random head: every draft rejected, the output still mlx-lm's."""
     target = deepseek if model_type == "deepseek_v3" else ckpt.deepseek_v3(models_dir / "mtp-kimi-k2", tokenizer_dir,
                                                                           model_type="kimi_k2")
     model, tok = load(target, eval_every=0)  # auto: the target's own head. 61 layers: one eval per pass
-    checks.assert_greedy_identity(model, tok, target, PROMPTS[:1], (4,), model_type, n=12)
+    checks.assert_greedy_identity(model, tok, target, PROMPTS[:1], (4,), model_type, n=DS_N)
+
+
+@pytest.fixture(scope="module")
+def fitted_deepseek(deepseek, models_dir):
+    """The DeepSeek-V3 target with its MTP module fitted (first step only) to the target's own greedy
+    continuation of PROMPTS[0], then written back at model.layers.61 in the published layout, so that
+    loading it goes through the whole reading path again (mlx-lm's sanitize included)."""
+    out = models_dir / "mtp-deepseek-v3-fitted"
+    if not (out / "config.json").exists():
+        model, tok = load(deepseek, mode="mtp", eval_every=0)
+        checks.train(model.drafter, model.target, tok.encode(PROMPTS[0]) + plain(deepseek, PROMPTS[0], DS_N),
+                     steps=60, lr=1e-2)
+        ckpt.with_head(deepseek, out, model.drafter.head)
+    return out
+
+
+@pytest.mark.parametrize("model_type", ["deepseek_v3", pytest.param("kimi_k2", marks=pytest.mark.slow)])
+def test_deepseek_v3_fitted_head_is_accepted(fitted_deepseek, deepseek, models_dir, model_type):
+    """Drafts accepted and rejected, at one MTP step a round (block 2) and at five (block 6, the head chained
+    on its own output), and the output is mlx-lm's plain greedy token for token."""
+    target = fitted_deepseek
+    if model_type == "kimi_k2":  # mlx-lm maps kimi_k2 to deepseek_v3: the same tensors under Kimi's config
+        model, _ = load(fitted_deepseek, mode="mtp", eval_every=0)
+        target = ckpt.with_head(fitted_deepseek, models_dir / "mtp-kimi-k2-fitted", model.drafter.head, "kimi_k2")
+    model, tok = load(target, eval_every=0)  # auto: the fitted head inside the target
+    ref = plain(deepseek if model_type == "deepseek_v3" else target, PROMPTS[0], DS_N)  # with_head copies the
+    # target's own tensors unchanged (and mlx-lm drops layer 61): mlx-lm's greedy output is the original's
+    stats = {}
+    for block in (2, 6):
+        got, last = spec(model, tok, PROMPTS[0], DS_N, block_size=block)
+        assert got == ref, (model_type, block)
+        stats[block] = (last.spec.accepted, last.spec.drafted, last.spec.accepted_per_position)
+    (a2, d2, _), (a6, d6, per6) = stats[2], stats[6]
+    assert a2 / d2 > 0.7, stats  # fitted: the first step is mostly right
+    assert a6 < d6 and per6[1] > 0 and a6 > a2 / 2, stats  # some chained drafts accepted, some rejected
+
+
+def test_deepseek_v3_eval_drafter_and_bench_run(fitted_deepseek, tmp_path, capsys):
+    """eval-drafter and bench with --mode mtp on the fitted head, over the one raw prompt it was fitted to
+    (a 61-layer pass is slow here: the built-in prompt sets would take a minute); bench's cost curve preset."""
+    import json
+
+    from mlx_spec.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"text": PROMPTS[0], "kind": "code"}) + "\n")
+    common = ["--model", str(fitted_deepseek), "--mode", "mtp", "--prompts", str(prompts)]
+    checks.preset_cost_curve(common[:4])
+    assert main(["eval-drafter", *common, "--max-tokens", "12", "--block-size", "3"]) == 0
+    assert "code" in capsys.readouterr().out  # the τ table, one row for the prompt's kind
+    assert main(["bench", *common, "--kinds", "", "--max-tokens", "8", "--repeats", "1", "--block-sizes", "3",
+                 "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["results"]
+    assert row["identical"] and row["mode"] == "mtp" and row["tau"] > 1.5, row
 
 
 @pytest.mark.slow
