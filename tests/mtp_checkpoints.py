@@ -9,7 +9,8 @@
   as published, because mlx-lm's deepseek_v3 sanitize drops `model.layers.61` by that fixed name;
   narrow (hidden 32) so that the depth stays cheap. MLA attention in Hugging Face's form (`kv_b_proj`,
   which mlx-lm splits into `embed_q`/`unembed_out`), MoE from layer `first_k_dense_replace` on (here the
-  last target layer and the MTP block, whose experts are stored one tensor each).
+  last target layer and the MTP block, whose experts are stored one tensor each). `with_head` writes a
+  loaded (fitted) head back into such a checkpoint in the same published form.
 """
 
 from __future__ import annotations
