@@ -209,7 +209,8 @@ class DFlashDrafter(nn.Module):
             cache.update_and_fetch(*layer.self_attn.context_kv(ctx, cache.offset))
 
     def propose(self, state: DFlashState, anchor: int, k: int, sampling) -> Draft:
-        logits = self.block_logits(state, anchor, k + 1)[0, 1:]
+        # the anchor's row is never a draft: skip it before the LM head (vocab-wide, the costliest part)
+        logits = self.head_logits(self.block_hidden(state, anchor, k + 1)[0, 1:])
         if sampling.greedy:
             return Draft(logits.argmax(-1).astype(mx.int32))
         q = sampling.probs(logits)
