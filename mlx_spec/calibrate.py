@@ -95,10 +95,21 @@ def _timed(fn, repeats: int) -> float:
     return min(times)  # other jobs only ever add time
 
 
+def _verify_pass(model, pc, ids: list[int]):
+    """One synchronous target pass over `ids` after what `pc` holds, taken back at once (a timing body)."""
+    from .engine.cache import trim
+
+    def run():
+        logits, hidden = model.target(mx.array([ids]), pc.cache)
+        mx.eval(logits, hidden) if hidden is not None else mx.eval(logits)
+        trim(pc.cache, len(ids))
+    return run
+
+
 def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -> CostCurve:
     """Time the target over M = 1..max_width new tokens after `context` cached ones, the drafter,
     and whole loop rounds with k = 0..max_width-1 drafts."""
-    from .engine.cache import PromptCache, trim
+    from .engine.cache import PromptCache
     from .engine.sampling import Sampler, SamplingParams
 
     vocab = model.vocab_size
@@ -108,14 +119,7 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -
     pc.add(ids, hidden)
     mx.eval(logits)
 
-    def verify(m):
-        def run():
-            out, h = model.target(mx.array([ids[:m]]), pc.cache)
-            mx.eval(out, h) if h is not None else mx.eval(out)
-            trim(pc.cache, m)
-        return run
-
-    curve = CostCurve([_timed(verify(m), repeats) for m in range(1, max_width + 1)], [])
+    curve = CostCurve([_timed(_verify_pass(model, pc, ids[:m]), repeats) for m in range(1, max_width + 1)], [])
     greedy = Sampler(SamplingParams(), vocab)
     if model.drafter is not None:
         for k in range(1, max_width):
@@ -200,7 +204,7 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
 def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> list[dict]:
     """What long prompts cost: prefill seconds per token, and one synchronous verify pass over 1 and
     over `width` tokens, after `context` cached tokens (a context past the model's length is cut to fit)."""
-    from .engine.cache import PromptCache, trim
+    from .engine.cache import PromptCache
 
     vocab, out = model.vocab_size, []
     for context in sorted({min(c, model.context_length - width - 1) for c in contexts if c > 0}):
@@ -211,16 +215,8 @@ def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> l
             logits, hidden = model.target(mx.array([ids[i : i + 512]]), pc.cache)
             mx.eval(logits, hidden) if hidden is not None else mx.eval(logits)
         prefill = (time.perf_counter() - tic) / context
-
-        def verify(m):
-            def run():
-                logits, hidden = model.target(mx.array([ids[:m]]), pc.cache)
-                mx.eval(logits, hidden) if hidden is not None else mx.eval(logits)
-                trim(pc.cache, m)
-            return run
-
-        out.append({"context": context, "prefill_ms_per_token": prefill * 1e3,
-                    "verify_ms": {str(m): _timed(verify(m), repeats) * 1e3 for m in sorted({1, width})}})
+        verify_ms = {str(m): _timed(_verify_pass(model, pc, ids[:m]), repeats) * 1e3 for m in sorted({1, width})}
+        out.append({"context": context, "prefill_ms_per_token": prefill * 1e3, "verify_ms": verify_ms})
     return out
 
 

@@ -22,7 +22,24 @@ class _Sink:
         self.values: list[mx.array] = []
 
 
-class LayerTap(nn.Module):
+class LayerWrapper(nn.Module):
+    """A module standing in for a decoder layer in the model's own list; mlx-lm code inspects layers
+    (e.g. `layer.is_linear`, `layer.self_attn`), so attributes it lacks are the wrapped layer's."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def __getattr__(self, key):
+        try:
+            return super().__getattr__(key)
+        except AttributeError:
+            if "inner" not in self:
+                raise
+            return getattr(self["inner"], key)
+
+
+class LayerTap(LayerWrapper):
     """Runs the wrapped decoder layer; records its output (a tap) and/or starts computing it.
 
     Starting a layer's computation while the host still builds the layers above it overlaps
@@ -30,8 +47,7 @@ class LayerTap(nn.Module):
     with OpenBLAS)."""
 
     def __init__(self, inner: nn.Module, sink: _Sink | None, start: bool = False):
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self._sink, self._start = sink, start
 
     def __call__(self, *args, **kwargs):
@@ -41,15 +57,6 @@ class LayerTap(nn.Module):
         if self._start:
             mx.async_eval(out)
         return out
-
-    def __getattr__(self, key):
-        # mlx-lm code inspects layers (e.g. `layer.is_linear`, `layer.self_attn`): forward it.
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
 
 def find_layers(model: nn.Module) -> tuple[nn.Module, nn.Module, list]:

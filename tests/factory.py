@@ -208,3 +208,18 @@ def make_dspark(out: Path, target_dir: Path, taps=(1, 2), block_size: int = 5, c
     (out / "config.json").write_text(json.dumps(config, indent=2))
     mx.save_safetensors(str(out / "model.safetensors"), dict(tree_flatten(model.parameters())))
     return out
+
+
+class ScriptedLengths:
+    """A draft-length policy that cycles through a script (zeros included), so plain and drafting rounds
+    alternate as the test chooses, whatever the controller would have picked."""
+
+    def __init__(self, ks):
+        self.ks, self.i = ks, 0
+
+    def next(self):
+        self.i += 1
+        return self.ks[(self.i - 1) % len(self.ks)]
+
+    def update(self, drafted, accepted):
+        pass

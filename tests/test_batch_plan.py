@@ -87,20 +87,6 @@ def test_batch_time_interpolates_and_extrapolates():
     assert bare.batch_time(2, 1) == 1.1 and bare.batch_time(2, 3) == pytest.approx(1.5)
 
 
-class Script:
-    """Draft lengths from a list, round after round (zeros included): a mixed pass every round."""
-
-    def __init__(self, ks):
-        self.ks, self.i = ks, 0
-
-    def next(self):
-        self.i += 1
-        return self.ks[(self.i - 1) % len(self.ks)]
-
-    def update(self, drafted, accepted):
-        pass
-
-
 REQUESTS = [("def add(a, b):", SamplingParams(), [0, 3, 1, 5, 0, 0, 2]),
             ("Hello, how are you today?", SamplingParams(temperature=0.8, top_k=20, seed=3), [4, 0, 2, 0, 5]),
             ("import os", SamplingParams(), [0, 0, 1, 4]),
@@ -135,7 +121,7 @@ def pair(target_dir, drafter_dir):
 def test_mixed_draft_lengths_in_one_pass_decode_as_plain(pair):
     model, tok = pair
     want = [decode(model, [gen(model, tok, p, s, FixedLength(0))])[0][0] for p, s, _ in REQUESTS]
-    got, passes = decode(model, [gen(model, tok, p, s, Script(ks)) for p, s, ks in REQUESTS])
+    got, passes = decode(model, [gen(model, tok, p, s, factory.ScriptedLengths(ks)) for p, s, ks in REQUESTS])
     assert got == want  # greedy and seeded rows alike
     assert any(0 in p and max(p) > 0 and len(set(p)) > 2 for p in passes)  # k = 0 beside several lengths
 

@@ -154,31 +154,17 @@ def test_penalties_under_speculation(target_dir):
         assert got == ref[: len(got)] and len(got) >= len(ref) - 1
 
 
-class Scripted:
-    """Draft lengths from a script, cycled: stretches of plain rounds, then speculation, and back."""
-
-    def __init__(self, ks):
-        self.ks, self.i = ks, 0
-
-    def next(self):
-        self.i += 1
-        return self.ks[(self.i - 1) % len(self.ks)]
-
-    def update(self, drafted, accepted):
-        pass
-
-
 @pytest.mark.parametrize("script", [[0], [0, 0, 0, 3], [0, 5, 5, 0, 0, 2, 0, 0, 0, 0, 7]])
 def test_speculation_off_and_on_again(target_dir, drafter_dir, script):
     """Plain rounds run one token ahead and the drafter catches up lazily when drafting resumes."""
     model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
     for prompt in PROMPTS:
         ref = plain(target_dir, prompt, 40)
-        got, last = spec(model, tok, prompt, 40, draft_lengths=Scripted(script))
+        got, last = spec(model, tok, prompt, 40, draft_lengths=factory.ScriptedLengths(script))
         assert got == ref
     # An exact oracle is accepted in full only if its context lines up after every plain stretch.
     ids = tok.encode(PROMPTS[0])
     ref = plain(target_dir, PROMPTS[0], 60)
     model.drafter = factory.OracleDrafter(ids + ref, 8, 0.0)
-    got, last = spec(model, tok, PROMPTS[0], 60, draft_lengths=Scripted(script))
+    got, last = spec(model, tok, PROMPTS[0], 60, draft_lengths=factory.ScriptedLengths(script))
     assert got == ref and last.spec.accepted == last.spec.drafted

@@ -25,7 +25,7 @@ import weakref
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..target import LayerTap, Target
+from ..target import LayerTap, LayerWrapper, Target
 from ..errors import LoadError
 from .layout import Layout
 
@@ -45,19 +45,10 @@ class _Link:
         return self.sink.values[self.mark :]
 
 
-class _Wrapper(nn.Module):
+class _Wrapper(LayerWrapper):
     def __init__(self, inner: nn.Module, link: _Link):
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self._link = link
-
-    def __getattr__(self, key):  # mlx-lm inspects layers (`layer.is_linear`, ...): forward it
-        try:
-            return super().__getattr__(key)
-        except AttributeError:
-            if "inner" not in self:
-                raise
-            return getattr(self["inner"], key)
 
 
 def _rows(cache) -> list:
@@ -99,7 +90,7 @@ class Leave(_Wrapper):
 
 
 def _unwrap(layer):
-    while isinstance(layer, (LayerTap, _Wrapper)):
+    while isinstance(layer, LayerWrapper):
         layer = layer.inner
     return layer
 
