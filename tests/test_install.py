@@ -43,7 +43,8 @@ def run(cmd: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.parametrize("blas", ["openblas", "bundled"])
+# the bundled-BLAS variant is the in-process path every other test takes; its newcomer run is a slow extra
+@pytest.mark.parametrize("blas", ["openblas", pytest.param("bundled", marks=pytest.mark.slow)])
 def test_readme_quick_start_from_the_clone_root(newcomer, blas):
     clone, venv, env = newcomer
     if blas == "bundled":

@@ -153,6 +153,7 @@ def test_seeded_sampling_matches_target(flat_target, mode):
     assert chi2_pvalue(exact, counts, 1200) > 1e-3
 
 
+@pytest.mark.slow  # the power of this chi-square test; test_accept_prefix_bug_is_detected shows it by default
 def test_soft_q_bug_is_detected(flat_target):
     """Argmax drafts verified against a soft q are biased; the same test must reject them."""
     params = CONFIGS[0]
