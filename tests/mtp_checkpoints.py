@@ -108,14 +108,19 @@ def glm(out: Path, tokenizer_dir: Path, layers: int = 3, seed: int = 0, mtp_seed
     weights = _hf_block(scaled(model.parameters()))
     mx.random.seed(mtp_seed)
     n, h = layers, args.hidden_size
-    block = _hf_block(scaled(glm4_moe.DecoderLayer(args, n).parameters()))
+    _add_mtp_module(weights, n, h, _hf_block(scaled(glm4_moe.DecoderLayer(args, n).parameters())), 4.0)
+    return _write(out, weights, config, tokenizer_dir)
+
+
+def _add_mtp_module(weights: dict, n: int, h: int, block: dict, fc_scale: float) -> None:
+    """The published MTP module at model.layers.{n}: its decoder block, eh_proj, the three norms, and the
+    copies of the target's head and embedding (drawn in this order, after the block)."""
     weights.update({f"model.layers.{n}.{k}": v for k, v in block.items()})
-    weights[f"model.layers.{n}.eh_proj.weight"] = _normal((h, 2 * h), 4.0 / (2 * h) ** 0.5)
+    weights[f"model.layers.{n}.eh_proj.weight"] = _normal((h, 2 * h), fc_scale / (2 * h) ** 0.5)
     for name in ("enorm", "hnorm", "shared_head.norm"):
         weights[f"model.layers.{n}.{name}.weight"] = 1.0 + _normal((h,), 0.1)
     weights[f"model.layers.{n}.shared_head.head.weight"] = weights["lm_head.weight"]  # copies, as published
     weights[f"model.layers.{n}.embed_tokens.weight"] = weights["model.embed_tokens.weight"]
-    return _write(out, weights, config, tokenizer_dir)
 
 
 DEEPSEEK_V3 = dict(model_type="deepseek_v3", architectures=["DeepseekV3ForCausalLM"], hidden_size=32,
@@ -161,13 +166,7 @@ def deepseek_v3(out: Path, tokenizer_dir: Path, model_type: str = "deepseek_v3",
     weights = to_hf(model.parameters())
     mx.random.seed(mtp_seed)
     n, h = args.num_hidden_layers, args.hidden_size
-    block = to_hf(ds.DeepseekV3DecoderLayer(args, n).parameters())
-    weights.update({f"model.layers.{n}.{k}": v for k, v in block.items()})
-    weights[f"model.layers.{n}.eh_proj.weight"] = _normal((h, 2 * h), 2.0 / (2 * h) ** 0.5)
-    for name in ("enorm", "hnorm", "shared_head.norm"):
-        weights[f"model.layers.{n}.{name}.weight"] = 1.0 + _normal((h,), 0.1)
-    weights[f"model.layers.{n}.shared_head.head.weight"] = weights["lm_head.weight"]  # copies, as published
-    weights[f"model.layers.{n}.embed_tokens.weight"] = weights["model.embed_tokens.weight"]
+    _add_mtp_module(weights, n, h, to_hf(ds.DeepseekV3DecoderLayer(args, n).parameters()), 2.0)
     return _write(out, weights, config, tokenizer_dir)
 
 
