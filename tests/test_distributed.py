@@ -192,15 +192,19 @@ def test_layout_splits_like_mlx_lm():
             Layout(**bad)
 
 
-def test_distributed_needs_a_launcher_and_chat_says_so(monkeypatch, capsys):
+def test_distributed_needs_a_launcher_or_ranks_to_start(monkeypatch, capsys, tmp_path):
     from mlx_spec.cli import main
 
     monkeypatch.delenv("MLX_RANK", raising=False)
     monkeypatch.delenv("MLX_HOSTFILE", raising=False)
     assert main(["generate", "--distributed", "-m", "4"]) == 2
     assert "--distributed needs ranks started by mlx.launch" in capsys.readouterr().err
-    assert main(["chat", "--distributed"]) == 2
-    assert "chat --distributed is not supported" in capsys.readouterr().err
+    assert main(["chat", "--distributed"]) == 2  # chat starts its own ranks: it needs to know how many
+    assert "give -n N (N >= 2 local ranks) or --hostfile FILE" in capsys.readouterr().err
+    bad = tmp_path / "hosts.json"
+    bad.write_text('[{"ssh": "a"}]')
+    assert main(["chat", "--distributed", "--hostfile", str(bad)]) == 2
+    assert "want mlx.launch's host list" in capsys.readouterr().err
     assert main(["generate", "--distributed", "--split", "4,x"]) == 2
     assert "--split wants comma-separated layer counts" in capsys.readouterr().err
 

@@ -36,14 +36,44 @@ def add_arguments(p) -> None:
     add_learn_arguments(p)
     p.add_argument("--baseline-tokens", type=int, default=32,
                    help="plain-decoding tokens measured at start-up for the speedup estimate (0: skip)")
-    p.add_argument("--distributed", action="store_true",
-                   help="not available for chat: run `serve --distributed` under mlx.launch and chat through it")
+    from mlx_spec.distributed.cli import add_distributed_arguments
+
+    add_distributed_arguments(p)  # --distributed: this terminal is rank 0; it starts (-n, --hostfile) or joins the others
+    p.add_argument("-n", "--ranks", type=int, default=None,
+                   help="with --distributed: start N local ranks (this process is rank 0)")
+    p.add_argument("--hostfile", type=Path, default=None,
+                   help="with --distributed: mlx.launch's host list, this machine first; the others start over ssh")
 
 
 def run(args) -> int:
-    if args.distributed:  # mlx.launch gives its ranks no terminal to read from
-        raise MlxSpecError("chat --distributed is not supported: mlx.launch gives the ranks no terminal; run "
-                           "`mlx.launch ... -- mlx-spec serve --distributed` and chat through the server")
+    if not args.distributed:
+        return _run(args, lambda: load_from(args), Session)
+    from mlx_spec.distributed import chat as dchat
+
+    dist, followers = dchat.start(args)
+    if not dist.is_root:
+        return dchat.run_follower(dist, args)
+    made = []
+
+    def session(model, tokenizer):
+        made.append(dchat.RootSession(model, tokenizer, dist, followers))
+        return made[-1]
+
+    def leave(worker, clean: bool):  # every way out: the followers exit with the chat (none is left running)
+        if clean and made:  # the worker is idle: tell the followers, from the thread that runs MLX
+            worker.call(made[0].shutdown)
+        if followers is not None:
+            followers.close(wait=5 if clean and made else 0)  # else (mid-round): end them now
+
+    try:
+        code = _run(args, lambda: dchat.load(dist, args), session, leave)
+    except MlxSpecError as e:  # loading failed (on some rank): a ring with a dead peer may hang in teardown
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        os._exit(2)
+    _leave(code)
+
+
+def _run(args, load, make_session, leave=lambda worker, clean: None) -> int:
     settings = Settings(sampling=sampling_from(args), max_tokens=args.max_tokens, block_size=args.block_size,
                         verbose=args.show_drafts, markdown=not args.no_markdown, stop=tuple(args.stop))
     if args.baseline_tokens < 0:
@@ -53,16 +83,23 @@ def run(args) -> int:
         conversation.system = args.system
     out, worker = Output(), Worker()
     try:
-        return _start(args, settings, conversation, out, worker)
+        code = _start(args, settings, conversation, out, worker, load, make_session)
     except KeyboardInterrupt:
+        leave(worker, False)
         _leave(130)
     except Quit as q:
+        leave(worker, False)
         _leave(q.code)
+    except BaseException:
+        leave(worker, False)
+        raise
+    leave(worker, True)
+    return code
 
 
-def _start(args, settings, conversation, out, worker) -> int:
-    model, tokenizer = worker.call(load_from, args)
-    session = Session(model, tokenizer)
+def _start(args, settings, conversation, out, worker, load, make_session) -> int:
+    model, tokenizer = worker.call(load)
+    session = make_session(model, tokenizer)
     session.check_block_size(settings.block_size)
     if args.baseline_tokens:
         worker.call(session.measure_baseline, args.baseline_tokens)

@@ -1,0 +1,116 @@
+"""`mlx-spec chat --distributed -n N` in a real terminal (tmux): the terminal process is rank 0 and starts
+its followers; replies equal one process's, across turns, /regen and a reply stopped with Ctrl-C;
+leaving ends every rank; a killed follower gives a clear message in the chat, not a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from test_chat_terminal import STATS, Terminal, last_stats
+
+pytestmark = pytest.mark.skipif(not Path("/proc").exists(), reason="finds the ranks through /proc")
+
+ARGS = ["--distributed", "--max-tokens", "24", "--baseline-tokens", "0", "--no-history"]
+
+
+def ranks_of(tmp_path) -> dict[int, int]:
+    """rank -> pid of the chat's processes (found by the state folder only this test's chat has)."""
+    mark = f"XDG_STATE_HOME={tmp_path / 'state'}".encode()
+    out = {}
+    for d in Path("/proc").iterdir():
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue
+        if mark in env and b"mlx_spec.cli" in (d / "cmdline").read_bytes():
+            # rank 0 is the terminal's own process: it sets MLX_RANK for itself after it started
+            out[next((int(e[9:]) for e in env if e.startswith(b"MLX_RANK=")), 0)] = int(d.name)
+    return out
+
+
+def wait_gone(tmp_path, timeout=10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while ranks_of(tmp_path):
+        assert time.monotonic() < deadline, f"ranks still running after the chat left: {ranks_of(tmp_path)}"
+        time.sleep(0.1)
+
+
+def one_process(conversation: list[dict]) -> list[str]:
+    """What one process's chat replies to each user turn of `conversation` (greedy, block 8)."""
+    from mlx_spec import load
+    from mlx_spec.app.chat.session import Session
+    from mlx_spec.app.chat.settings import Settings
+    from mlx_spec.app.chat.worker import TICK
+
+    model, tokenizer = load(None)
+    session, settings = Session(model, tokenizer), Settings(max_tokens=24, block_size=8)
+    return ["".join(r.text for r in session.reply(conversation[:i], settings) if r is not TICK)
+            for i, m in enumerate(conversation) if m["role"] == "assistant"]
+
+
+@pytest.fixture
+def terminal(tmp_path):
+    opened = []
+
+    def start(*args):
+        opened.append(Terminal(tmp_path, list(args)))
+        return opened[-1]
+
+    yield start
+    for t in opened:
+        t.close()
+    for pid in ranks_of(tmp_path).values():  # a failed test leaves nothing running either
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_three_ranks_chat_as_one_process_and_leaving_ends_every_rank(terminal, tmp_path):
+    t = terminal(*ARGS, "-n", "3")
+    t.wait("block size 8, 3 ranks", timeout=120, what="the banner")
+    assert sorted(ranks_of(tmp_path)) == [0, 1, 2]
+    t.send("hello")
+    second = t.send("tell me more")
+    assert int(re.search(r"\((\d+) cached\)", second).group(1)) > 20  # every rank reused its cache
+    t.send("/regen")
+    t.send("/set max_tokens 400")
+    t.type("now a very long story")
+    t.wait(lambda s: s.rstrip().partition(">>> now a very long story\n")[2].strip(), what="the reply to start")
+    t.keys("C-c")  # stops every rank after the same round
+    t.ready(timeout=20)
+    assert last_stats(t.screen()).endswith("· stopped")
+    t.send("/set max_tokens 24")
+    t.send("and then?")  # the ranks' caches are still in step after the stop
+    saved = tmp_path / "c.json"
+    t.send(f"/save {saved}")
+    t.type("/bye")
+    assert t.exit_status(timeout=20) == 0
+    wait_gone(tmp_path)
+    assert "Traceback" not in t.screen()
+
+    conversation = json.loads(saved.read_text())["messages"]
+    got = [m["content"] for m in conversation if m["role"] == "assistant"]
+    want = one_process(conversation)
+    assert len(got) == 4 and got[1] == want[1]  # /regen replaced the second reply with the same one
+    assert got[0] == want[0] and got[3] == want[3]
+    assert got[2] and want[2].startswith(got[2]) and len(got[2]) < len(want[2])  # stopped part-way
+
+
+def test_killed_follower_is_a_clear_message_not_a_hang(terminal, tmp_path):
+    t = terminal(*ARGS, "-n", "2", "--rank-timeout", "10")
+    t.wait("2 ranks", timeout=120, what="the banner")
+    assert len(STATS.findall(t.send("hello"))) == 1
+    os.kill(ranks_of(tmp_path)[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    out = t.send("tell me more")
+    assert time.monotonic() - t0 < 15
+    assert "the distributed target failed" in out and "rank 1 exited" in out, out
+    assert "the distributed target failed" in t.send("again?")  # at once, and the chat stays up
+    t.keys("C-d")
+    assert t.exit_status(timeout=20) == 0
+    wait_gone(tmp_path)
