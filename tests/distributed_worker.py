@@ -57,6 +57,18 @@ def load_kwargs(group: dict) -> dict:
     return dict(drafter=group.get("drafter", "auto"), mode=group.get("mode", "auto"), block_size=group.get("block_size"))
 
 
+def serve(argv: list[str]) -> None:
+    import argparse
+
+    from mlx_spec.app.server.cli import add_arguments, config_from
+    from mlx_spec.distributed.serve import run_serve
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--distributed", *argv])
+    run_serve(args, config_from(args))  # joins the group this process already formed; never returns
+
+
 def main(spec_path: str, out_path: str) -> int:
     from mlx_spec.distributed import DistributedError, Session
     from mlx_spec.distributed.load import load_distributed
@@ -68,6 +80,8 @@ def main(spec_path: str, out_path: str) -> int:
     result = {"groups": [], "param_bytes": None}
     try:
         for group in spec["groups"]:
+            if "serve" in group:  # `mlx-spec serve --distributed` on these ranks (the last group: it exits)
+                serve(group["serve"])
             target = group.get("target_by_rank", {}).get(str(session.rank), group.get("target"))
             with session.guard("loading"):
                 model, tokenizer = load_distributed(session, target, **load_kwargs(group))

@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -58,6 +59,27 @@ def hybrid(models_dir, tokenizer_dir):
     ]
 
 
+@pytest.fixture(scope="module")
+def mtp(models_dir, tokenizer_dir):
+    """The target's own MTP head (Qwen3.5-style hybrid, GLM-4.5 MoE): it reads the last layer's hidden
+    state, rank 0's own; and falcon_h1 (a CacheList of Mamba2 state and KV per layer), batched."""
+    import mtp_checkpoints
+
+    qwen = mtp_checkpoints.qwen35(models_dir / "mtp-qwen35", tokenizer_dir)
+    glm = mtp_checkpoints.glm(models_dir / "mtp-glm", tokenizer_dir)
+    falcon = archs.make(models_dir / "dist-falcon_h1", tokenizer_dir, "falcon_h1", seed=3)
+    small = models_dir / "dist-falcon_h1-4bit"
+    if not (small / "config.json").exists():
+        factory.quantize(falcon, small, 4)
+    return [
+        {"target": str(qwen), "block_size": 3, "cases": [{"name": "mtp-qwen", "prompts": [REPEAT, "class Stack:"],
+                                                          "max_tokens": 10}]},
+        {"target": str(glm), "block_size": 4, "cases": [{"name": "mtp-glm", "prompts": [REPEAT], "max_tokens": 10}]},
+        {"target": str(falcon), "drafter": str(small), "mode": "draft-model", "block_size": 5, "cases": [
+            {"name": "falcon-batched", "prompts": [REPEAT, "class Stack:"], "max_tokens": 12}]},
+    ]
+
+
 def reference(groups: list[dict]) -> dict:
     """What one process generates for the same groups."""
     from mlx_spec import load
@@ -87,6 +109,8 @@ def check_equal(got: dict, groups: list[dict], ranks: int) -> None:
     # Speculation ran (drafts were accepted), so rollback and commit were exercised across ranks.
     assert merged["dflash"]["accepted"] > 0 and merged["lookup"]["accepted"] > 0
     assert merged["hy-batched"]["accepted"] > 0
+    if "mtp-qwen" in merged:  # MTP drafted on rank 0 (its random heads' drafts are rejected: rollback ran)
+        assert merged["mtp-qwen"]["rounds"] > 0 and merged["falcon-batched"]["accepted"] > 0
     # No rank loaded the whole model: each holds its layers only (the last group's target here).
     from mlx.utils import tree_flatten
 
@@ -106,36 +130,104 @@ def _wait_generating(procs, tmp_path, timeout: float = 200) -> None:
     deadline = time.monotonic() + timeout
     while not all((tmp_path / f"rank{r}.pid").exists() for r in range(len(procs))):
         assert time.monotonic() < deadline, "the ranks did not reach the long generation"
-        if any(p.poll() is not None for p in procs):
-            ends = distributed_launch.finish(procs, timeout=5)
-            raise AssertionError("a rank exited before the long generation:\n" + "\n".join(
-                f"rank {r} exited with {rc}:\n{err[-2000:]}" for r, (rc, _, err) in enumerate(ends)))
+        _check_running(procs)
         time.sleep(0.2)
     time.sleep(1.0)  # well inside the generation
     assert all(p.poll() is None for p in procs), "a rank finished before the fault"
 
 
-def test_three_ranks_decode_as_one_process_and_a_killed_rank_ends_the_others(hybrid, tmp_path):
-    """Three stages (first, middle, last) equal one process; then the middle rank is killed mid-generation
-    and the others exit with a clear message within seconds."""
-    groups = [DENSE, LOOKUP] + hybrid[1:]
+def _check_running(procs) -> None:
+    if any(p.poll() is not None for p in procs):
+        ends = distributed_launch.finish(procs, timeout=5)
+        raise AssertionError("a rank exited early:\n" + "\n".join(
+            f"rank {r} exited with {rc}:\n{err[-2000:]}" for r, (rc, _, err) in enumerate(ends)))
+
+
+def _wait_serving(port: int, procs, timeout: float = 240) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        _check_running(procs)
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
+            return
+        except (urllib.error.URLError, OSError):
+            assert time.monotonic() < deadline, "the server did not come up"
+            time.sleep(0.3)
+
+
+SERVED = ["def add(a, b):", "class Stack:", "for i in range(10):\n"]
+
+
+def _serve_and_kill(port: int, procs) -> tuple[list, str, str]:
+    """Through a real `openai` client: concurrent requests (batched rounds; streamed, not streamed, one
+    seeded), then the middle rank is killed while a long reply streams."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=60)
+
+    def complete(prompt, stream=False, **kw):
+        r = client.completions.create(model="m", prompt=prompt, max_tokens=20, stream=stream, **kw)
+        return "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
+
+    with ThreadPoolExecutor(4) as pool:
+        texts = [pool.submit(complete, p, stream=i == 1, temperature=0) for i, p in enumerate(SERVED)]
+        seeded = pool.submit(complete, "Hello, how", temperature=0.9, seed=5)
+        texts, sampled = [f.result() for f in texts], seeded.result()
+    stream = client.completions.create(model="m", prompt=SERVED[0], max_tokens=1500, temperature=0, stream=True)
+    next(iter(stream))
+    os.kill(procs[1].pid, signal.SIGKILL)
+    killed = time.monotonic()
+    failed = ""
+    try:
+        for _ in stream:
+            pass
+    except openai.APIError as e:
+        failed = str(e)
+    assert time.monotonic() - killed < 15
+    try:
+        complete(SERVED[0], temperature=0)
+        raise AssertionError("a request succeeded with a dead rank")
+    except openai.APIStatusError as e:
+        assert e.status_code == 503, e
+        after = str(e)
+    return [texts, sampled], failed, after
+
+
+def test_three_ranks_decode_and_serve_as_one_process_and_a_killed_rank_fails_clearly(hybrid, mtp, tmp_path):
+    """Three stages (first, middle, last) equal one process: generation groups, then `serve --distributed`
+    (rank 0 listens) through the openai client; then the middle rank is killed mid-stream: the stream
+    ends with an error, the first stage exits with a clear message within seconds, later requests 503."""
+    groups = [DENSE, LOOKUP] + hybrid[1:] + mtp
+    port = distributed_launch.free_ports(1)[0]
     spec, out = tmp_path / "spec.json", tmp_path / "out.json"
-    spec.write_text(json.dumps({"groups": groups + [_endless(tmp_path)]}))
+    serve = {"serve": ["--port", str(port), "--block-size", "8", "--rank-timeout", "20"]}
+    spec.write_text(json.dumps({"groups": groups + [serve]}))
+    t0 = time.monotonic()
     procs = distributed_launch.start(3, ["tests/distributed_worker.py", str(spec), str(out)])
     try:
-        _wait_generating(procs, tmp_path)
+        _wait_serving(port, procs)
+        print(f"serving after {time.monotonic() - t0:.1f} s")
         got = json.loads(out.read_text())
-        os.kill(procs[1].pid, signal.SIGKILL)
-        killed = time.monotonic()
-        results = distributed_launch.finish(procs, timeout=30)
-        assert time.monotonic() - killed < 15
+        served, failed, after = _serve_and_kill(port, procs)
+        print(f"served and killed after {time.monotonic() - t0:.1f} s")
+        (rc2, _, err2), = distributed_launch.finish(procs[2:], timeout=15)
+        assert procs[0].poll() is None  # the server stays up, answering 503
+        os.kill(procs[0].pid, signal.SIGINT)
+        results = distributed_launch.finish(procs, timeout=20)
     finally:
         distributed_launch.finish(procs, timeout=1)
-    for rank in (0, 2):
-        rc, _, err = results[rank]
-        assert rc == 2, err[-2000:]
-        assert f"rank {rank}: lost the connection to another rank during generation" in err
+    assert rc2 == 2 and "error: rank 2: lost the connection to another rank during" in err2, err2[-2000:]
+    assert "the distributed target failed" in failed + after and "lost the connection" in after, (failed, after)
+    assert results[0][0] == 130, results[0][2][-2000:]  # SIGINT: uvicorn shut down, then re-raised it
     check_equal(got, groups, 3)
+    from mlx_spec import generate, load
+
+    model, tokenizer = load(None)
+    assert served[0] == [generate(model, tokenizer, p, 20, block_size=8) for p in SERVED]
+    assert served[1] == generate(model, tokenizer, "Hello, how", 20, block_size=8, temperature=0.9, seed=5)
 
 
 @pytest.mark.slow

@@ -9,6 +9,7 @@ import mlx.core as mx
 
 from .. import models as registry_pkg
 from ..errors import LoadError, MlxSpecError
+from ..drafters.mtp import has_mtp
 from ..loading import Loaded, find_drafter
 from ..model_files import check_safetensors, read_config, resolve, safetensors_header, text_config, weight_files
 from .drafting import SharedDrafter
@@ -88,12 +89,10 @@ def load_distributed(session: Session, target=None, drafter="auto", *, mode: str
     drafter_path = None
     if mode not in ("off", "lookup"):
         drafter_path = find_drafter(ref, path) if drafter == "auto" else resolve(drafter)
-        if mode == "mtp" or (mode == "auto" and drafter_path is None and drafter == "auto"):
-            from ..drafters.mtp import has_mtp
-
-            if mode == "mtp" or has_mtp(path):
-                raise DistributedError("MTP drafting is not supported in distributed runs yet; use --mode lookup, "
-                                       "a DFlash drafter, or --no-draft")
+        if drafter == "auto" and (mode == "mtp" or (mode == "auto" and drafter_path is None and has_mtp(path))):
+            # native MTP, as `loading.load` picks it: the head reads the last layer's hidden state, which
+            # is rank 0's own (the last stage), so it drafts there like any drafter; only rank 0 reads it
+            drafter_path, mode = path, "mtp"
     session.check_same("versions", versions())
     session.check_same("weights (config.json or safetensors headers differ)",
                        fingerprint(path, drafter_path) + f"\nmode={mode} block={block_size} dtype={dtype}")

@@ -5,6 +5,9 @@ latest update, a sliding window a few rows; plain KV anywhere), and ranks hold d
 A follow-up prompt must prefill the same tokens on every rank (each prefill pass is a pipeline
 pass), so the ranks agree: they keep the common prefix only if every rank can go back to it
 exactly, else they all start afresh (dense targets always can; a hybrid then re-prefills).
+
+Some mlx-lm models make one cache per layer of the whole model (falcon_h1 counts
+`num_hidden_layers`), not per layer held: a stage keeps its own layers' entries.
 """
 
 from __future__ import annotations
@@ -14,8 +17,13 @@ import mlx.core as mx
 from ..engine.cache import PromptCache
 
 
-def prompt_cache_class(group):
+def prompt_cache_class(group, layout):
     class SharedPromptCache(PromptCache):
+        def reset(self) -> None:
+            super().reset()
+            if len(self.cache) == layout.num_layers != len(self.layers):  # the whole model's: keep this stage's
+                self.cache = self.cache[layout.start : layout.end]
+
         def reuse(self, prompt: list[int]) -> int:
             n = min(self.common_prefix(prompt), len(prompt) - 1)
             able = int(len(self.tokens) - n <= self.max_trim())

@@ -24,6 +24,7 @@ import weakref
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx_lm.models.cache import CacheList
 
 from ..target import LayerTap, LayerWrapper, Target
 from ..errors import LoadError
@@ -52,7 +53,11 @@ class _Wrapper(LayerWrapper):
 
 
 def _rows(cache) -> list:
-    """The per-request caches behind a layer's cache argument (a batch view holds several)."""
+    """One per-request cache for each row of a layer's cache argument: the key under which that
+    request's stage input is kept. A batch view holds several requests' caches; a CacheList (one
+    request's, or a batch of them: a CacheList of views) is keyed by its first child's."""
+    if isinstance(cache, CacheList):
+        return _rows(cache.caches[0])
     return list(cache.caches) if hasattr(cache, "caches") and not hasattr(cache, "state") else [cache]
 
 
@@ -109,7 +114,7 @@ class PipelineTarget(Target):
         from .reuse import prompt_cache_class
 
         self._body = body(model)
-        self.prompt_cache_class = prompt_cache_class(group)  # generate.make_prompt_cache builds these
+        self.prompt_cache_class = prompt_cache_class(group, layout)  # generate.make_prompt_cache builds these
 
     @property
     def num_layers(self) -> int:
