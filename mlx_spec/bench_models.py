@@ -140,10 +140,10 @@ def replay_cost(model, width: int, prompt_len: int = 64, repeats: int = 5) -> di
 def recording_cost(model, width: int, repeats: int = 5) -> float | None:
     """Seconds a verify pass of `width` tokens would spend on recording a state per step in the Gated
     DeltaNet layers, the alternative to replay: each layer's recurrence run one step at a time, every
-    state kept, minus the fused recurrence mlx-lm runs now. None without Gated DeltaNet layers."""
-    from mlx_lm.models.gated_delta import gated_delta_update
+    state kept, minus the whole-block recurrence the loaded mixers run now. None without Gated DeltaNet layers."""
+    from .metal_kernels.gated_delta_verify import gated_delta_update  # what the loaded mixers run (kernels.py)
 
-    layers = [m for _, m in model.target.model.named_modules() if type(m).__name__ == "GatedDeltaNet"]
+    layers = [m for _, m in model.target.model.named_modules() if type(m).__name__.endswith("GatedDeltaNet")]
     if not layers:
         return None
     g = layers[0]

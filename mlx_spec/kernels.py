@@ -13,6 +13,7 @@ import json
 import os
 import statistics
 import time
+import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -22,6 +23,7 @@ import mlx.nn as nn
 from mlx_lm.models import llama, qwen3
 
 from mlx_spec.metal_kernels import fused_accept as _acc
+from mlx_spec.metal_kernels import gated_delta_verify as _gdv
 from mlx_spec.metal_kernels import qmm_mma as _mma
 from mlx_spec.metal_kernels import qmm_rows as _rows
 from mlx_spec.metal_kernels import verify_attention as _attn
@@ -300,4 +302,49 @@ def patch_model(model: nn.Module, config: KernelConfig) -> nn.Module:
             parent[int(last)] = new
         else:
             parent.update_modules({last: new})
+    return model
+
+
+# ---------------------------------------------------------------- recurrent mixers (every backend)
+def _recurrence_call(cls):
+    """mlx-lm's own `cls.__call__` body, with its one global name `gated_delta_update` bound to ours.
+
+    The function is rebuilt from mlx-lm's code object with a copy of its module's globals: mlx-lm's module
+    and class are untouched, and the mixer runs mlx-lm's code line for line (no copied body to drift from
+    it), only the recurrence routed through `_gdv.gated_delta_update`, which gives the same floats."""
+    fn = cls.__call__
+    if "gated_delta_update" not in fn.__code__.co_names:
+        raise TypeError(f"{cls.__qualname__}.__call__ no longer calls gated_delta_update")
+    scope = {**fn.__globals__, "gated_delta_update": _gdv.gated_delta_update}
+    call = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    call.__kwdefaults__, call.__doc__ = fn.__kwdefaults__, fn.__doc__
+    return call
+
+
+def _recurrence_swaps() -> dict:
+    from mlx_lm.models import olmo_hybrid, qwen3_5, qwen3_next
+
+    bases = (qwen3_5.GatedDeltaNet, qwen3_next.Qwen3NextGatedDeltaNet, olmo_hybrid.GatedDeltaNet)
+    swaps = {}
+    for b in bases:  # VerifyQwen3_5GatedDeltaNet, VerifyQwen3_NextQwen3NextGatedDeltaNet, ...
+        name = f"Verify{b.__module__.rsplit('.', 1)[-1].title()}{b.__name__}"
+        swaps[b] = type(name, (b,), {"__call__": _recurrence_call(b), "__module__": __name__})
+    return swaps
+
+
+RECURRENCE_SWAPS = _recurrence_swaps()
+
+
+def patch_recurrence(model: nn.Module) -> nn.Module:
+    """Swap the model's Gated DeltaNet mixers (qwen3_5, qwen3_5_moe, qwen3_next, olmo_hybrid) for subclasses
+    whose verify-width recurrence is one compiled graph (`metal_kernels/gated_delta_verify.py`;
+    bit-identical to mlx-lm's `gated_delta_ops`; Metal calls keep mlx-lm's kernel). On every backend, with
+    or without kernels; the recording mixers of engine/recurrent.py subclass these in turn. Returns the model."""
+    for _, layer in model.named_modules():
+        for name, child in list(layer.children().items()):
+            if isinstance(child, nn.Module) and type(child) in RECURRENCE_SWAPS:
+                new = RECURRENCE_SWAPS[type(child)].__new__(RECURRENCE_SWAPS[type(child)])
+                new.__dict__.update(child.__dict__)
+                dict.update(new, child)
+                layer.update_modules({name: new})
     return model

@@ -112,7 +112,7 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     eval_every: start computing every n decoder layers while the host builds the rest of the pass;
         None: 2 on the CPU backend (where it was measured to pay), 0 (off) elsewhere.
     """
-    from .kernels import KernelConfig, patch_model
+    from .kernels import KernelConfig, patch_model, patch_recurrence
     from .target import Target
 
     ref = str(target) if target is not None else str(registry_pkg.DEFAULT_TARGET)
@@ -121,6 +121,7 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     config_k = KernelConfig(enabled=kernels)
     if config_k.active:
         patch_model(model, config_k)
+    patch_recurrence(model)  # every backend: a verify block's Gated DeltaNet recurrence in one graph, same floats
     if eval_every is None:
         eval_every = 2 if mx.default_device() == mx.cpu else 0
     wrapped = Target(model, kernels=config_k, eval_every=eval_every)
