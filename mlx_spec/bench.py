@@ -112,6 +112,12 @@ class Sample:
     mean_draft: float = 0.0  # drafts per verify round (what the controller chose, for block "auto")
 
 
+def plain_kwargs(model) -> dict:
+    """mlx-lm's generation options for the same caches as ours (quantized KV from the first token, if set)."""
+    kv = model.kv_cache
+    return dict(kv_bits=kv["kv_bits"], kv_group_size=kv["kv_group_size"], quantized_kv_start=0) if kv else {}
+
+
 def run_plain(model, tokenizer, ids: list[int], max_tokens: int, **mlx_lm_kwargs) -> Sample:
     """mlx-lm's own stream_generate on the same loaded weights: the baseline (or its draft-model mode)."""
     import mlx_lm
@@ -184,13 +190,13 @@ def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, bloc
                repeats: int, curve=None) -> Row:
     """Interleaved plain/spec runs over one kind of prompt; medians over prompts x repeats
     (the speedup is the median of the paired ratios)."""
-    plain, spec, divergences = [], [], []
+    plain, spec, divergences, kw = [], [], [], plain_kwargs(model)
     for prompt in prompts:
         ids = encode(tokenizer, prompt)
-        run_plain(model, tokenizer, ids, 4)  # warm-up both paths
+        run_plain(model, tokenizer, ids, 4, **kw)  # warm-up both paths
         run_spec(model, tokenizer, ids, 4, block_size)
         for _ in range(repeats):
-            a = run_plain(model, tokenizer, ids, max_tokens)
+            a = run_plain(model, tokenizer, ids, max_tokens, **kw)
             b = run_spec(model, tokenizer, ids, max_tokens, block_size)
             plain.append(a)
             spec.append(b)

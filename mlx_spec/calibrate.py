@@ -114,7 +114,7 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -
 
     vocab = model.vocab_size
     ids = [(i * 7919) % vocab for i in range(context)]
-    pc = PromptCache(model.model, model.drafter)
+    pc = PromptCache(model.model, model.drafter, **model.kv_cache)
     logits, hidden = model.target(mx.array([ids]), pc.cache)
     pc.add(ids, hidden)
     mx.eval(logits)
@@ -151,7 +151,7 @@ def measure_rounds(model, pc, sampler, max_k: int, repeats: int) -> list[float]:
     looked free, and it stays cached)."""
     from .engine.loop import DecodeState, FixedLength, settle, step
 
-    base, anchor = len(pc.tokens), pc.tokens[-1]
+    start, anchor = pc.mark(), pc.tokens[-1]
     times: list[list[float]] = [[] for _ in range(max_k + 1)]
     for rep in range(repeats + 1):  # the first repetition warms up
         for k in range(max_k + 1):
@@ -164,7 +164,7 @@ def measure_rounds(model, pc, sampler, max_k: int, repeats: int) -> list[float]:
             if rep:
                 times[k].append((time.perf_counter() - tic) / n)
             settle(s)
-            pc.truncate(base)
+            pc.back_to(start)  # (several rounds back: a hybrid's recurrent state only from a mark)
     return [min(t) for t in times]  # other jobs only ever add time: the quietest repetition is the cost
 
 
@@ -178,7 +178,7 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     from .engine.cache import PromptCache, trim
 
     vocab, top = model.vocab_size, max(rows)
-    pcs = [PromptCache(model.model, model.drafter) for _ in range(top)]
+    pcs = [PromptCache(model.model, model.drafter, **model.kv_cache) for _ in range(top)]
     if not can_batch([pc.cache for pc in pcs]):
         return []
     for r, pc in enumerate(pcs):  # different contexts per row, as in a real batch
@@ -208,7 +208,7 @@ def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> l
 
     vocab, out = model.vocab_size, []
     for context in sorted({min(c, model.context_length - width - 1) for c in contexts if c > 0}):
-        pc = PromptCache(model.model, model.drafter)
+        pc = PromptCache(model.model, model.drafter, **model.kv_cache)
         ids = [(i * 7919) % vocab for i in range(context)]
         tic = time.perf_counter()
         for i in range(0, context, 512):  # chunked, as prefill runs
@@ -226,7 +226,7 @@ def curve_key(model) -> str:
     dtype = tree_flatten(model.model.parameters())[0][1].dtype
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
-             f"eval_every={model.target.eval_every}", "rounds/3"]  # rounds/3: fastest repetitions
+             f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True), "rounds/3"]  # rounds/3: fastest repetitions
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -109,7 +109,7 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
 def make_prompt_cache(model: Loaded, speculative: bool = True) -> PromptCache:
     """A conversation's cache; `speculative=False` for generations that will not draft (it feeds no drafter)."""
     cls = getattr(model.target, "prompt_cache_class", PromptCache)  # a pipeline stage's: reuse agreed by all ranks
-    return cls(model.target.model, model.drafter if speculative else None)
+    return cls(model.target.model, model.drafter if speculative else None, **model.kv_cache)
 
 
 def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,

@@ -28,6 +28,7 @@ class Loaded:
     drafter_path: Path | None
     config: dict
     memory: ControllerMemory = field(default_factory=ControllerMemory)  # the controller's, across requests
+    kv_cache: dict = field(default_factory=dict)  # PromptCache's kv_bits / kv_group_size (quantized KV), if set
 
     @property
     def model(self) -> nn.Module:
@@ -96,7 +97,8 @@ def base_model_name(ref: str) -> str:
 
 def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | None = "auto", *,
          mode: str = "auto", dtype: str | None = None, quantize: int | None = None, kernels: bool = True,
-         eval_every: int | None = None, block_size: int | None = None):
+         eval_every: int | None = None, block_size: int | None = None, kv_bits: int | None = None,
+         kv_group_size: int = 64):
     """Load a target and its drafter: `model, tokenizer = load(target, drafter=...)`.
 
     target: local folder or Hugging Face repo id; None means the embedded default model.
@@ -111,6 +113,8 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
         DSpark drafter's is its checkpoint's); default 8 (MTP: 4).
     eval_every: start computing every n decoder layers while the host builds the rest of the pass;
         None: 2 on the CPU backend (where it was measured to pay), 0 (off) elsewhere.
+    kv_bits, kv_group_size: hold full-attention layers' keys and values quantized (mlx-lm's
+        QuantizedKVCache) in every prompt cache made for this model; None: full precision.
     """
     from .kernels import KernelConfig, patch_model, patch_recurrence
     from .target import Target
@@ -137,4 +141,26 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     if draft_model is not None and draft_model.tap_ids:
         wrapped.check_taps(tokenizer.encode("def main():\n    return 0\n")[:16] or [0, 1])
         wrapped.set_taps(draft_model.tap_ids)
-    return Loaded(wrapped, draft_model, path, drafter_path, config), tokenizer
+    kv = check_kv_cache(model, kv_bits, kv_group_size)
+    return Loaded(wrapped, draft_model, path, drafter_path, config, kv_cache=kv), tokenizer
+
+
+KV_BITS, KV_GROUPS = (2, 3, 4, 5, 6, 8), (32, 64, 128)
+
+
+def check_kv_cache(model: nn.Module, bits: int | None, group_size: int) -> dict:
+    """PromptCache's quantized-KV settings, refused at load when the model cannot run with them (e.g.
+    attention with sinks: mlx-lm's quantized attention has none)."""
+    if bits is None:
+        return {}
+    if bits not in KV_BITS or group_size not in KV_GROUPS:
+        raise LoadError(f"--kv-bits must be one of {KV_BITS} and --kv-group-size one of {KV_GROUPS}, "
+                        f"got {bits} and {group_size}")
+    from .engine.rollback import architecture, make_cache
+
+    try:  # two tokens through fresh caches: any layer that cannot attend over quantized keys fails here
+        mx.eval(model(mx.array([[0, 1]]), cache=make_cache(model, rollback=False, kv_bits=bits,
+                                                            kv_group_size=group_size)))
+    except Exception as e:
+        raise LoadError(f"{architecture(model)} cannot use a quantized KV cache: {e}") from None
+    return dict(kv_bits=bits, kv_group_size=group_size)

@@ -18,6 +18,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, default=None, help="tokens per verify round (anchor + drafts)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)
     p.add_argument("--no-kernels", action="store_true", help="never use the custom Metal kernels")
+    p.add_argument("--kv-bits", type=int, default=None, choices=(2, 3, 4, 5, 6, 8),
+                   help="keep full-attention keys/values quantized to this many bits (less memory for long contexts)")
+    p.add_argument("--kv-group-size", type=int, default=64, choices=(32, 64, 128), help="group size of --kv-bits")
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,4 +50,5 @@ def load_from(args):
     from .loading import load
 
     return load(args.model, drafter=None if args.no_draft else args.drafter, mode=args.mode, dtype=args.dtype,
-                kernels=not args.no_kernels, block_size=args.block_size)
+                kernels=not args.no_kernels, block_size=args.block_size, kv_bits=args.kv_bits,
+                kv_group_size=args.kv_group_size)

@@ -30,6 +30,13 @@ class LayerWrapper(nn.Module):
         super().__init__()
         self.inner = inner
 
+    @property
+    def __class__(self):
+        # Some models choose a layer's mask by its class (olmo_hybrid: `isinstance(layer,
+        # FullAttentionDecoderLayer)`): isinstance() consults __class__, so it sees the wrapped layer's class
+        # (and this one's: type() is unchanged, so `isinstance(x, LayerWrapper)` still holds).
+        return type(self["inner"]) if "inner" in self else type(self)
+
     def __getattr__(self, key):
         try:
             return super().__getattr__(key)
@@ -82,7 +89,7 @@ def _first(module: nn.Module, names: tuple[str, ...]):
     return next((module[n] for n in names if isinstance(module.get(n), nn.Module)), None)
 
 
-EMBEDDINGS = ("embed_tokens", "embeddings", "wte")
+EMBEDDINGS = ("embed_tokens", "embeddings", "wte", "word_embeddings")  # bailing: `word_embeddings`
 FINAL_NORMS = ("norm", "norm_f", "final_layernorm", "embedding_norm", "ln_f")  # lfm2's final norm is `embedding_norm`
 
 

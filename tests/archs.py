@@ -84,6 +84,14 @@ FAMILIES = {
                         linear_key_head_dim=16, linear_value_head_dim=16, linear_conv_kernel_dim=4,
                         linear_allow_neg_eigval=True, attention_bias=False,
                         layer_types=["linear_attention", "full_attention"] * 2),
+    # Lightning (GLA-style) linear attention + MLA every 2nd layer, MoE with a shared expert
+    "bailing_hybrid": dict(model_type="bailing_hybrid", moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                           num_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1, layer_group_size=2,
+                           group_norm_size=1, routed_scaling_factor=1.0, kv_lora_rank=16, qk_rope_head_dim=8,
+                           qk_nope_head_dim=16, v_head_dim=16, partial_rotary_factor=0.5),
+    # pure Mamba (v1): refused for speculation (its layers never call cache.advance), decodes plainly
+    "mamba": dict(model_type="mamba", state_size=16, conv_kernel=4, use_bias=False, use_conv_bias=True,
+                  time_step_rank="auto"),
 }
 
 

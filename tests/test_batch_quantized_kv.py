@@ -80,3 +80,41 @@ def test_batched_equals_alone_with_quantized_kv(which, models_dir, tokenizer_dir
         assert a == b, (target.name, i, REQUESTS[i][1])
     assert any(isinstance(v, batch.QuantizedView) and len(v.caches) >= 3 for layers in views for v in layers)
     assert test_batch.together.left_mid_flight
+
+
+def test_load_kv_bits_serves_every_entry_point(models_dir, tokenizer_dir):
+    """`load(kv_bits=...)` (the CLI's and server's --kv-bits) makes every prompt cache quantized: a DFlash
+    drafter's greedy output equals mlx-lm's with the same caches, in the library and through a real server."""
+    from mlx_spec.app.server.config import ModelConfig, ServerConfig
+    from test_server_harness import EOS_BIAS, RunningServer
+
+    target = build(models_dir, tokenizer_dir, "qwen3_5")
+    drafter = factory.make_drafter(models_dir / "kvq-qwen3_5-dflash", target, taps=(0, 1), block_size=4)
+    ref_model, ref_tok = mlx_lm.load(str(target))
+    caches = [QuantizedKVCache(group_size=32, bits=8) if type(c) is KVCache else c for c in make_prompt_cache(ref_model)]
+    ref = [r.token for r in mlx_lm.stream_generate(ref_model, ref_tok, PROMPT, max_tokens=16, prompt_cache=caches)]
+    model, tok = mlx_spec.load(str(target), drafter=str(drafter), mode="dflash", **KV)
+    assert any(isinstance(c, QuantizedKVCache) for c in mlx_spec.make_prompt_cache(model).cache)
+    out = []
+    for r in mlx_spec.stream_generate(model, tok, PROMPT, max_tokens=16):
+        out += r.tokens
+    assert out == ref[: len(out)] and r.spec.drafted > 0
+    s = RunningServer(ServerConfig(model=ModelConfig(target=str(target), drafter=str(drafter), mode="dflash", **KV)))
+    try:
+        got = s.client().completions.create(model="x", prompt=PROMPT, max_tokens=16, temperature=0, logit_bias=EOS_BIAS)
+        plain_q = mlx_spec.generate(model, tok, PROMPT, max_tokens=16, logit_bias={0: -100, 2: -100})
+        assert got.choices[0].text == plain_q
+        assert s.state.scheduler.backend.model.kv_cache == KV
+    finally:
+        s.stop()
+
+
+@pytest.mark.parametrize("family,kw,match", [
+    ("qwen3", dict(kv_bits=7), "--kv-bits must be one of"),
+    ("qwen3", dict(kv_bits=8, kv_group_size=64), "qwen3 cannot use a quantized KV cache"),  # head_dim 16 < 64
+    ("gpt_oss", dict(kv_bits=8, kv_group_size=32), "gpt_oss cannot use a quantized KV cache"),  # attention sinks
+])
+def test_kv_bits_a_model_cannot_use_is_refused_at_load(family, kw, match, models_dir, tokenizer_dir):
+    target = archs.make(models_dir / f"hy-{family}", tokenizer_dir, family, seed=3)
+    with pytest.raises(mlx_spec.LoadError, match=match):
+        mlx_spec.load(str(target), drafter=None, **kw)

@@ -16,7 +16,7 @@ import mlx_spec
 from mlx_spec.engine.recurrent import RecurrentCache
 
 FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "granitemoehybrid",
-            "kimi_linear", "mamba2", "plamo2", "gemma3_text", "gpt_oss", "qwen3_moe"]
+            "kimi_linear", "mamba2", "plamo2", "olmo_hybrid", "bailing_hybrid", "gemma3_text", "gpt_oss", "qwen3_moe"]
 PROMPT = "Hello, how are you"
 N = 30
 
@@ -122,7 +122,7 @@ def test_untested_recurrent_architecture_is_refused_for_speculation_only(models_
         mlx_spec.make_prompt_cache(model)
 
 
-@pytest.mark.parametrize("name,reason", [("olmo_hybrid", "picks each layer's mask by the layer's class")])
+@pytest.mark.parametrize("name,reason", [("mamba", "never call cache.advance")])
 def test_refused_architecture_names_the_reason(name, reason, models_dir, tokenizer_dir):
     """An architecture refused by name decodes plainly, and speculation is refused saying why."""
     target = archs.make(models_dir / f"hy-{name}", tokenizer_dir, name, seed=3)
@@ -130,3 +130,15 @@ def test_refused_architecture_names_the_reason(name, reason, models_dir, tokeniz
     assert spec(model, tok, PROMPT, 12)[0] == plain(target, n=12)
     with pytest.raises(mlx_spec.LoadError, match=f"{name}: .*{reason}"):
         model.target.check_speculation()
+
+
+def test_adaptive_draft_length_calibrates_on_a_hybrid(models_dir, tokenizer_dir, tmp_path, monkeypatch):
+    """The default path (no fixed block size): the controller's cost calibration runs whole rounds on a
+    Gated DeltaNet hybrid and puts its recurrent states back (they cannot be trimmed across rounds), and
+    the reply equals plain greedy."""
+    monkeypatch.setenv("MLX_SPEC_CACHE", str(tmp_path))  # calibrate afresh
+    target = archs.make(models_dir / "hy-qwen3_5", tokenizer_dir, "qwen3_5", seed=3)
+    drafter = factory.make_drafter(models_dir / "hy-qwen3_5-cal-dflash", target, taps=(0, 1), block_size=4)
+    model, tok = mlx_spec.load(str(target), drafter=str(drafter), mode="dflash")
+    assert spec(model, tok, PROMPT, 16)[0] == plain(target, n=16)
+    assert len(mlx_spec.cost_curve(model).rounds) == 4

@@ -14,9 +14,7 @@ import mlx_spec
 from mlx_spec.engine import batch, loop
 from mlx_spec.engine.sampling import SamplingParams
 from test_batch import alone, together
-
-FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "granitemoehybrid",
-            "kimi_linear", "mamba2", "plamo2", "gemma3_text", "gpt_oss", "qwen3_moe"]
+from test_hybrid import FAMILIES
 REQUESTS = [  # prompt, sampling, block size
     ("def add(a, b):", SamplingParams(), 4),
     ("Hello, how are you today? I am fine", SamplingParams(), 2),

@@ -80,7 +80,8 @@ def run(args) -> int:
     rows, meta = [], {"mlx": mx.__version__, "device": str(mx.default_device()), **machine()}
     setups = [(m, k) for m in (args.modes or args.mode).split(",") for k in args.kernels.split(",")]
     for mode, kernels in setups:
-        model, tok = load(args.model, drafter=args.drafter, mode=mode, dtype=args.dtype, kernels=kernels == "on")
+        model, tok = load(args.model, drafter=args.drafter, mode=mode, dtype=args.dtype, kernels=kernels == "on",
+                          kv_bits=args.kv_bits, kv_group_size=args.kv_group_size)
         if model.drafter is None:
             raise MlxSpecError("nothing to compare: no drafter for this model (pass --drafter)")
         meta.update(model=str(model.target_path), drafter=str(model.drafter_path))

@@ -268,7 +268,8 @@ def detect_kind(cfg: dict, weight_names: set[str]) -> str:
         return "mtp"
     if "dflash_config" in cfg or "DFlash" in archs or "fc.weight" in weight_names:
         return "dflash"
-    if "model_type" in cfg and any("embed_tokens" in w or ".embeddings." in w for w in weight_names):  # nemotron_h: backbone.embeddings
+    # the embedding's name: most `embed_tokens`; nemotron_h `backbone.embeddings`; bailing `word_embeddings`
+    if "model_type" in cfg and any(n in w for w in weight_names for n in ("embed_tokens", ".embeddings.", "word_embeddings")):
         return "lm"
     return "unknown"
 

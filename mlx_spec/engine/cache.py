@@ -133,6 +133,16 @@ class PromptCache:
             replayed(self.cache)
         self._forget(n)
 
+    def mark(self):
+        """Where this cache stands now; `back_to(mark)` returns here exactly however many updates later
+        (a recurrent state cannot be trimmed back across rounds: this keeps references to it)."""
+        return len(self.tokens), snapshot(self.cache)
+
+    def back_to(self, mark) -> None:
+        n, snap = mark
+        restore(self.cache, snap)
+        self._forget(n)
+
     def _forget(self, n: int) -> None:
         """The target's cache holds the first n tokens again: match the drafter and the checkpoint."""
         if self._drafter is not None:

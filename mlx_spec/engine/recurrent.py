@@ -170,11 +170,15 @@ def replay_mixers(mixers: dict[int, nn.Module], cache_lists: list[list], n: int,
             if row is None:
                 return False
             rows.append(row)
-        x = args[first]
-        x = x[:, :n] if rows == list(range(x.shape[0])) else x[mx.array(rows)][:, :n]
-        cache = cache_lists[0][i] if len(cache_lists) == 1 else view([caches[i] for caches in cache_lists])
-        calls.append((mixer, bound, first, x, cache))
-    for mixer, bound, first, x, cache in calls:
-        bound.arguments[first], bound.arguments["cache"] = x, cache
+        x, batch = args[first], args[first].shape[0]
+        if rows != list(range(batch)):  # a subset of the pass's rows; per-row arguments (bailing's rope
+            pick = mx.array(rows)       # offsets, one per row) follow their rows
+            for name, a in list(args.items())[1:]:
+                if name != "cache" and isinstance(a, mx.array) and a.ndim and a.shape[0] == batch:
+                    args[name] = a[pick]
+        args[first] = args[first][:, :n]
+        args["cache"] = cache_lists[0][i] if len(cache_lists) == 1 else view([caches[i] for caches in cache_lists])
+        calls.append((mixer, bound))
+    for mixer, bound in calls:
         type(mixer)._spec_base.__call__(*bound.args, **bound.kwargs)
     return True

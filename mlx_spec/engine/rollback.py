@@ -21,7 +21,8 @@ from .rotating import SpecRotatingKVCache
 # `cache.advance(S)` (what RecurrentCache relies on), with greedy-identity tests (tests/test_hybrid.py).
 # Other architectures with recurrent state decode plainly but are refused for speculation.
 RECURRENT_TESTED = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe",
-                              "granitemoehybrid", "kimi_linear", "mamba2", "plamo2"})
+                              "granitemoehybrid", "kimi_linear", "mamba2", "plamo2", "olmo_hybrid",
+                              "bailing_hybrid"})
 # Why the other architectures mlx-lm 0.32 ships with recurrent or convolutional state are refused (checked in
 # their code); any other one is refused as untested.
 NOT_ADVANCED = "its recurrent layers never call cache.advance, which marks where a state update ends"
@@ -30,9 +31,6 @@ REFUSED = {
     "bailing_moe_linear": NOT_ADVANCED,
     "baichuan_m1": "its convolution state is a list written in place (cache[0][i] = ...), which a checkpoint "
                    "by reference cannot keep",
-    "olmo_hybrid": "it picks each layer's mask by the layer's class, which the hidden-state taps' layer wrappers "
-                   "hide (its attention layers would lose the causal mask)",
-    "bailing_hybrid": "rollback of its GLA state with MLA attention is untested",
 }
 
 UNBOUNDED = 1 << 60  # a plain KV cache can go back to any earlier token

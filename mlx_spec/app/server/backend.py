@@ -45,7 +45,8 @@ class Backend:
     def load_model(self):
         """(model, tokenizer); a distributed backend loads its rank's share instead."""
         return mlx_spec.load(self.cfg.target, drafter=self.cfg.drafter, mode=self.cfg.mode, dtype=self.cfg.dtype,
-                             kernels=self.cfg.kernels, block_size=self.cfg.block_size)
+                             kernels=self.cfg.kernels, block_size=self.cfg.block_size, kv_bits=self.cfg.kv_bits,
+                             kv_group_size=self.cfg.kv_group_size)
 
     def start(self, seq: Sequence) -> None:
         """Give the request a cache (sharing its prefix when one is idle) and its generation."""

@@ -45,7 +45,8 @@ def add_arguments(p) -> None:
 def config_from(args) -> ServerConfig:
     model = ModelConfig(target=args.model, drafter=None if args.no_draft else args.drafter,
                         block_size=args.block_size, dtype=args.dtype, served_name=args.served_model_name,
-                        mode=args.mode, kernels=not args.no_kernels, prefill_chunk=args.prefill_chunk)
+                        mode=args.mode, kernels=not args.no_kernels, prefill_chunk=args.prefill_chunk,
+                        kv_bits=args.kv_bits, kv_group_size=args.kv_group_size)
     defaults = Defaults(sampling_from(args), args.max_tokens, tuple(args.stop))
     return ServerConfig(
         model=model, defaults=defaults, host=args.host, port=args.port, api_keys=api_keys(args.api_key),

@@ -18,6 +18,8 @@ class ModelConfig:
     mode: str = "auto"  # how to draft (see `mlx_spec.load`)
     kernels: bool = True
     prefill_chunk: int = 512  # prompt tokens per scheduler step while others decode
+    kv_bits: int | None = None  # quantized KV caches (see `mlx_spec.load`); None: full precision
+    kv_group_size: int = 64
 
 
 @dataclass(frozen=True)
