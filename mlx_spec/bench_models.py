@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from .drafters.base import Draft
@@ -185,39 +186,80 @@ def _decode(model, tok, prompt, tokens: int, block: int | None):
     return r.generation_tps, out, r.spec
 
 
+def mlx_lm_recurrence(model) -> None:
+    """Give a loaded target's Gated DeltaNet mixers back their mlx-lm class (mlx-lm's `gated_delta_ops`
+    loop off Metal): the "before" of kernels.patch_recurrence, for a side-by-side row. Before any prompt cache
+    is made (recording mixers subclass whatever class a mixer has then)."""
+    from .kernels import RECURRENCE_SWAPS
+
+    mlx_lm_class = {ours: base for base, ours in RECURRENCE_SWAPS.items()}
+    for _, layer in model.target.model.named_modules():
+        for name, child in list(layer.children().items()):
+            if isinstance(child, nn.Module) and type(child) in mlx_lm_class:
+                new = mlx_lm_class[type(child)].__new__(mlx_lm_class[type(child)])
+                new.__dict__.update(child.__dict__)
+                dict.update(new, child)
+                layer.update_modules({name: new})
+
+
 def rollback_bench(workdir: Path, block: int = 8, tokens: int = 64, repeats: int = 3,
-                   rates=(0.0, 0.5, 1.0)) -> list[dict]:
+                   rates=(0.0, 0.5, 1.0), with_mlx_lm_recurrence: bool = True) -> list[dict]:
     """Plain and speculative decoding of the Qwen3.5-shaped hybrid and a dense model of its size, with
-    drafters accepting a fixed fraction of each block; rows also carry the rollback cost per round."""
+    drafters accepting a fixed fraction of each block; rows also carry the rollback cost per round.
+
+    The models take turns within each repeat (hybrid plain, hybrid spec, dense plain, dense spec, ...), so
+    that load on a shared machine hits them alike; `vs_dense` is the median over repeats of the hybrid's
+    speedup over the dense model's in the same repeat (the goal: >= 0.9 at 100%). With
+    `with_mlx_lm_recurrence`, the hybrid also runs with mlx-lm's own recurrence (kernels.patch_recurrence
+    undone), side by side."""
     from .engine.cache import PromptCache
     from .loading import load
 
     prompt = "def add(a, b):\n    return a + b\n"
-    rows = []
-    for name, config in (("qwen3.5-shaped", QWEN35), ("dense qwen3", DENSE)):
-        model, tok = load(str(build(Path(workdir) / name.split()[-1], config)), drafter=None)
+    names = [("qwen3.5-shaped", QWEN35), ("dense qwen3", DENSE)]
+    if with_mlx_lm_recurrence:
+        names.insert(1, ("qwen3.5-shaped, mlx-lm recurrence", QWEN35))
+    runs = []
+    for name, config in names:
+        model, tok = load(str(build(Path(workdir) / name.split(",")[0].split()[-1], config)), drafter=None)
+        if "mlx-lm recurrence" in name:
+            mlx_lm_recurrence(model)
         _decode(model, tok, prompt, 8, None)  # warm-up
         _, truth, _ = _decode(model, tok, prompt, tokens + block, None)
-        ids = tok.encode(prompt)
-        record = recording_cost(model, block)
-        for rate in rates:
-            drafter = FixedAcceptance(ids + truth, rate, block, vocab=model.config["vocab_size"])
-            pairs = []  # plain and speculative runs take turns, so that load on the machine hits both alike
-            for _ in range(repeats):
+        runs.append(dict(name=name, model=model, tok=tok, truth=truth, ids=tok.encode(prompt),
+                         record=recording_cost(model, block)))
+    # the same floats: the hybrid's plain greedy output is the same with either recurrence
+    agree = len({tuple(r["truth"]) for r in runs if r["name"].startswith("qwen3.5-shaped")}) == 1
+    rows = []
+    for rate in rates:
+        pairs = {r["name"]: [] for r in runs}  # (plain tok/s, spec tok/s, output, stats) per repeat
+        drafters = {r["name"]: FixedAcceptance(r["ids"] + r["truth"], rate, block, vocab=r["model"].config["vocab_size"])
+                    for r in runs}
+        for _ in range(repeats):
+            for r in runs:
+                model = r["model"]
                 model.drafter = None
-                plain = _decode(model, tok, prompt, tokens, None)[0]
-                model.drafter = drafter
-                pairs.append((plain, *_decode(model, tok, prompt, tokens, block)))
-            _, _, out, spec = pairs[-1]
+                plain = _decode(model, r["tok"], prompt, tokens, None)[0]
+                model.drafter = drafters[r["name"]]
+                pairs[r["name"]].append((plain, *_decode(model, r["tok"], prompt, tokens, block)))
+        dense = [p[1] / p[0] for p in pairs["dense qwen3"]]
+        for r in runs:
+            model, ps = r["model"], pairs[r["name"]]
+            spec = ps[-1][3]
+            model.drafter = drafters[r["name"]]
             PromptCache.replay_seconds = 0.0  # one more run, timing its replay passes
-            _decode(model, tok, prompt, tokens, block)
+            _decode(model, r["tok"], prompt, tokens, block)
             replay_ms = PromptCache.replay_seconds * 1e3 / max(1, spec.rounds)
             PromptCache.replay_seconds = None
             model.drafter = None
-            rows.append(dict(model=name, acceptance=rate, plain_tps=statistics.median(p[0] for p in pairs),
-                             spec_tps=statistics.median(p[1] for p in pairs),
-                             speedup=statistics.median(p[1] / p[0] for p in pairs), tau=spec.tau, rounds=spec.rounds,
-                             identical=all(p[2] == truth[: len(p[2])] for p in pairs),
+            speedups = [p[1] / p[0] for p in ps]
+            rows.append(dict(model=r["name"], acceptance=rate, plain_tps=statistics.median(p[0] for p in ps),
+                             spec_tps=statistics.median(p[1] for p in ps), speedup=statistics.median(speedups),
+                             vs_dense=statistics.median(a / b for a, b in zip(speedups, dense)),
+                             tau=spec.tau, rounds=spec.rounds,
+                             identical=all(p[2] == r["truth"][: len(p[2])] for p in ps)
+                             and (agree or r["name"] == "dense qwen3"),
                              rollback_ms_per_round=replay_ms,
-                             recording_ms_per_round=None if record is None else record * 1e3))
-    return rows
+                             recording_ms_per_round=None if r["record"] is None else r["record"] * 1e3))
+    order = [r["name"] for r in runs]
+    return sorted(rows, key=lambda row: (order.index(row["model"]), row["acceptance"]))

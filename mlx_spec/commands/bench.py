@@ -226,14 +226,15 @@ def run_rollback(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
-        t = Table(title=f"rollback: block {block}, {args.max_tokens} tokens, medians of {args.repeats} plain/spec pairs")
-        for col in ("model", "acceptance", "plain tok/s", "spec tok/s", "speedup", "τ", "rollback ms/round",
-                    "recording would add ms/round", "identical"):
+        t = Table(title=f"rollback: block {block}, {args.max_tokens} tokens, medians of {args.repeats} plain/spec pairs "
+                        "(models taking turns; vs dense: the speedup over the dense model's in the same repeat)")
+        for col in ("model", "acceptance", "plain tok/s", "spec tok/s", "speedup", "vs dense", "τ",
+                    "rollback ms/round", "recording would add ms/round", "identical"):
             t.add_column(col)
         for r in rows:
             rec = r["recording_ms_per_round"]
             t.add_row(r["model"], f"{r['acceptance']:.0%}", f"{r['plain_tps']:.1f}", f"{r['spec_tps']:.1f}",
-                      f"{r['speedup']:.2f}x", f"{r['tau']:.2f}", f"{r['rollback_ms_per_round']:.2f}",
+                      f"{r['speedup']:.2f}x", f"{r['vs_dense']:.2f}", f"{r['tau']:.2f}", f"{r['rollback_ms_per_round']:.2f}",
                       "" if rec is None else f"{rec:.2f}", "yes" if r["identical"] else "NO")
         Console(width=160).print(t)
     return 0 if all(r["identical"] for r in rows) else 1
