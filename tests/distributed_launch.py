@@ -26,8 +26,8 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def start(n: int, args: list[str], env: dict | None = None) -> list[subprocess.Popen]:
-    """The ranks of `python args...`, stdout/stderr to files (read with `finish`)."""
+def start(n: int, args: list[str], env: dict | None = None, pin: bool = False) -> list[subprocess.Popen]:
+    """The ranks of `python args...`, stdout/stderr to files (read with `finish`); `pin`: rank r on core r."""
     hostfile = Path(tempfile.mkstemp(suffix=".json")[1])
     hostfile.write_text(json.dumps([[f"127.0.0.1:{p}"] for p in free_ports(n)]))
     procs = []
@@ -35,7 +35,7 @@ def start(n: int, args: list[str], env: dict | None = None) -> list[subprocess.P
         e = {**os.environ, **(env or {}), "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile),
              "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
-        p = subprocess.Popen([sys.executable, *args], env=e, stdout=out, stderr=err, cwd=REPO, start_new_session=True)
+        p = subprocess.Popen([*(["taskset", "-c", str(rank)] if pin else []), sys.executable, *args], env=e, stdout=out, stderr=err, cwd=REPO, start_new_session=True)
         p.out, p.err = out, err
         procs.append(p)
     return procs

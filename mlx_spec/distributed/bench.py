@@ -15,7 +15,7 @@ import time
 
 import mlx.core as mx
 
-from .session import Session
+from .session import Session, from_root
 
 
 def round_messages(model, session: Session, width: int, repeats: int = 20) -> float:
@@ -35,9 +35,10 @@ def round_messages(model, session: Session, width: int, repeats: int = 20) -> fl
         if lay.dest is not None:
             n_down = sum(i < lay.end for i in taps)
             mx.eval(mx.distributed.send(mx.zeros((1, width, h * (1 + n_down)), dtype), lay.dest, group=group))
-        mx.eval(mx.distributed.all_sum(mx.zeros((1, width, target.vocab_size), mx.float32), group=group))
+        shape = (1, width, target.vocab_size)
+        mx.eval(from_root(mx.zeros(shape, mx.float32) if lay.is_last else None, shape, mx.float32, group))
         if width > 1:
-            mx.eval(mx.distributed.all_sum(mx.zeros((width,), mx.int32), group=group))
+            mx.eval(from_root(mx.zeros((width,), mx.int32) if lay.is_last else None, (width,), mx.int32, group))
         times.append(time.perf_counter() - t)
     return statistics.median(times[2:])
 
@@ -56,11 +57,24 @@ def generation_tps(model, tokenizer, prompt, max_tokens: int, speculative: bool,
     return n, time.perf_counter() - t, rounds
 
 
-def run_bench(session: Session, model, tokenizer, prompts: list, max_tokens: int, repeats: int) -> dict:
+class Alone:
+    """`compare` in one process (no ranks): the same loop, nothing to wait for."""
+
+    size = 1
+
+    def barrier(self) -> None:
+        pass
+
+    def progress(self) -> None:
+        pass
+
+
+def compare(sync, model, tokenizer, prompts: list, max_tokens: int, repeats: int) -> dict:
     """Tokens per second after the first token (summed over a pass's generations), median over the
-    `repeats` passes over the prompts; plain and speculative alternate per prompt."""
-    generation_tps(model, tokenizer, prompts[0], 16, False, session)  # warm-up
-    generation_tps(model, tokenizer, prompts[0], 16, True, session)
+    `repeats` passes over the prompts; plain and speculative alternate per prompt. `sync` is the
+    Session (or `Alone`: the same loop in one process, for the single-process side of a comparison)."""
+    generation_tps(model, tokenizer, prompts[0], 16, False, sync)  # warm-up
+    generation_tps(model, tokenizer, prompts[0], 16, True, sync)
     tps = {"plain": [], "spec": []}
     rounds = {"plain": 0, "spec": 0}
     tokens = {"plain": 0, "spec": 0}
@@ -70,7 +84,7 @@ def run_bench(session: Session, model, tokenizer, prompts: list, max_tokens: int
         for prompt in prompts:
             pair = {}
             for kind in ("plain", "spec"):
-                n, seconds, r = generation_tps(model, tokenizer, prompt, max_tokens, kind == "spec", session)
+                n, seconds, r = generation_tps(model, tokenizer, prompt, max_tokens, kind == "spec", sync)
                 work[kind][0] += n - 1
                 work[kind][1] += seconds
                 rounds[kind] += r
@@ -80,13 +94,24 @@ def run_bench(session: Session, model, tokenizer, prompts: list, max_tokens: int
                 pairs.append(pair["spec"] / pair["plain"])
         for kind in tps:
             tps[kind].append(work[kind][0] / max(work[kind][1], 1e-9))
-    block = model.drafter.block_size
-    comm_plain, comm_spec = round_messages(model, session, 1), round_messages(model, session, block)
     p, s = statistics.median(tps["plain"]), statistics.median(tps["spec"])
-    return {"ranks": session.size, "split": list(model.target.layout.split), "block_size": block,
+    tau = tokens["spec"] / max(rounds["spec"], 1)
+    return {"ranks": sync.size, "block_size": model.drafter.block_size,
             "plain_tps": round(p, 2), "spec_tps": round(s, 2), "speedup": round(s / p, 3),
             "speedup_median_of_pairs": round(statistics.median(pairs), 3) if pairs else None,
-            "tokens_per_pass_spec": round(tokens["spec"] / max(rounds["spec"], 1), 3),
+            "tokens_per_pass_spec": round(tau, 3),
+            "ms_per_plain_round": round(1e3 / p, 2), "ms_per_verify_round": round(1e3 * tau / s, 2),
+            "_rounds": rounds, "_tokens": tokens}
+
+
+def run_bench(session: Session, model, tokenizer, prompts: list, max_tokens: int, repeats: int) -> dict:
+    """`compare` on the cluster, and the communication of a plain and of a verify round."""
+    row = compare(session, model, tokenizer, prompts, max_tokens, repeats)
+    rounds, tokens = row.pop("_rounds"), row.pop("_tokens")
+    block = model.drafter.block_size
+    comm_plain, comm_spec = round_messages(model, session, 1), round_messages(model, session, block)
+    p, s = row["plain_tps"], row["spec_tps"]
+    return {**row, "split": list(model.target.layout.split),
             "comm_ms_per_plain_round": round(comm_plain * 1e3, 3),
             "comm_ms_per_verify_round": round(comm_spec * 1e3, 3),
             "comm_share_plain": round(comm_plain * rounds["plain"] / max(tokens["plain"] / p, 1e-9), 3),

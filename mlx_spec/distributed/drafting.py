@@ -1,11 +1,12 @@
 """The drafter runs on rank 0 (the last stage, where the tapped hidden states arrive); its proposals
-are shared, so every rank verifies the same block. The other ranks hold a stand-in."""
+are sent to every rank, so every rank verifies the same block. The other ranks hold a stand-in."""
 
 from __future__ import annotations
 
 import mlx.core as mx
 
 from ..drafters.base import Draft
+from .session import from_root
 
 
 class _NoState:
@@ -45,6 +46,6 @@ class SharedDrafter:
             n, q = len(d), d.q
             buf = mx.concatenate([mx.array([n], mx.int32), d.tokens.astype(mx.int32), mx.zeros((k - n,), mx.int32)])
         else:
-            buf = mx.zeros((k + 1,), mx.int32)
-        got = mx.distributed.all_sum(buf, group=self.group).tolist()  # one host sync: the length decides shapes
+            buf = None
+        got = from_root(buf, (k + 1,), mx.int32, self.group).tolist()  # one host sync: the length decides shapes
         return Draft(mx.array(got[1 : 1 + got[0]], mx.int32), q)

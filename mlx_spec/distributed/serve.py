@@ -22,7 +22,7 @@ from ..app.server.backend import Backend
 from ..app.server.errors import APIError
 from ..engine.sampling import GREEDY_BELOW
 from ..errors import MlxSpecError
-from .session import DistributedError, Session
+from .session import DistributedError, Session, from_root
 
 log = logging.getLogger("mlx_spec.server")
 
@@ -31,8 +31,8 @@ def share_object(session: Session, obj=None):
     """Rank 0's `obj`, on every rank (pickled: the ranks of one run trust each other)."""
     data = pickle.dumps(obj) if session.is_root else b""
     (n,) = session.share_ints([len(data)] if session.is_root else None, 1)
-    buf = mx.array(list(data), mx.uint8) if session.is_root else mx.zeros((n,), mx.uint8)
-    return pickle.loads(bytes(mx.distributed.all_sum(buf, group=session.group).tolist()))
+    buf = mx.array(list(data), mx.uint8) if session.is_root else None
+    return pickle.loads(bytes(from_root(buf, (n,), mx.uint8, session.group).tolist()))
 
 
 class _Mirror:

@@ -15,7 +15,7 @@ stages before it would send again. So ranks whose layers hold no recurrent state
 nothing, never wait for those that do.
 
 On the last stage the taps arrive in layer order, as one process's taps do; its logits are shared
-with every rank (an all_sum to which the other ranks add zeros: bitwise the last stage's values).
+with every rank (sent along the ranks: bitwise the last stage's values; `session.from_root`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from mlx_lm.models.cache import CacheList
 from ..target import LayerTap, LayerWrapper, Target
 from ..errors import LoadError
 from .layout import Layout
+from .session import from_root
 
 
 class _Link:
@@ -155,7 +156,7 @@ class PipelineTarget(Target):
             if not self.layout.is_last:
                 self._body(tokens, cache=cache)  # Leave has started the send; nothing here is read
                 self._sink.values.clear()
-                return mx.distributed.all_sum(mx.zeros(shape, mx.float32), group=self.group), None
+                return from_root(None, shape, mx.float32, self.group), None
             logits = self.model(tokens, cache=cache).astype(mx.float32)
         finally:
             self._link.live = False
@@ -167,7 +168,7 @@ class PipelineTarget(Target):
             parts = ([link.upstream] if link.upstream is not None else []) + link.local_taps()
             hidden = mx.concatenate(parts, axis=-1)
         self._sink.values.clear()
-        return mx.distributed.all_sum(logits, group=self.group), hidden
+        return from_root(logits, shape, mx.float32, self.group), hidden
 
     def check_taps(self, tokens: list[int]) -> None:
         """The one-process check needs the final norm and every layer on one rank; skipped here."""
