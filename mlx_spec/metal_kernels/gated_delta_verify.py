@@ -28,7 +28,7 @@ MAX_T = 16  # verify widths; longer calls (prefill chunks) keep mlx-lm's loop: a
 
 def _per_step(x: mx.array, shape: tuple) -> list[mx.array]:
     """x (B, T, ...) as T time-major pieces of `shape` (one Split, not T slices)."""
-    x = x.swapaxes(0, 1).reshape(shape)
+    x = (x if x.shape[0] == 1 else x.swapaxes(0, 1)).reshape(shape)  # B = 1: the same order, no transpose
     return mx.split(x, x.shape[0], axis=0) if x.shape[0] > 1 else [x]
 
 
@@ -52,9 +52,9 @@ def _recurrence(q, k, v, g, beta, state, mask):
         seen.append(new)
         s = new if ms is None else mx.where(ms[t], new, s)
     states = mx.concatenate(seen, axis=0) if T > 1 else seen[0]
-    y = (states * q.swapaxes(0, 1).reshape(T, B, Hk, 1, 1, Dk)).sum(-1)
-    y = y.reshape(T, B, Hv, Dv).swapaxes(0, 1).astype(q.dtype)
-    return mx.contiguous(y), s.reshape(B, Hv, Dv, Dk)
+    y = (states * (q if B == 1 else q.swapaxes(0, 1)).reshape(T, B, Hk, 1, 1, Dk)).sum(-1)
+    y = y.reshape(B, T, Hv, Dv) if B == 1 else mx.contiguous(y.reshape(T, B, Hv, Dv).swapaxes(0, 1))
+    return y.astype(q.dtype), s.reshape(B, Hv, Dv, Dk)
 
 
 _compiled = mx.compile(lambda q, k, v, g, beta, state: _recurrence(q, k, v, g, beta, state, None))
