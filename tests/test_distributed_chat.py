@@ -114,3 +114,23 @@ def test_killed_follower_is_a_clear_message_not_a_hang(terminal, tmp_path):
     t.keys("C-d")
     assert t.exit_status(timeout=20) == 0
     wait_gone(tmp_path)
+
+
+@pytest.mark.slow  # a third chat launch; the -n path above runs the same ranks
+def test_hostfile_starts_the_followers_over_ssh(terminal, tmp_path, monkeypatch):
+    """--hostfile (mlx.launch's host list): rank 1's host is not this one, so it starts over ssh, its hostfile
+    written on the other side. Here `ssh` is a stand-in on PATH that runs the command locally."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text('#!/bin/bash\necho "$1" >> "$(dirname "$0")/hosts"\nexec bash -c "$2"\n')
+    (bin_dir / "ssh").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([{"ssh": "localhost", "ips": ["127.0.0.1"]}, {"ssh": "node1", "ips": ["127.0.0.1"]}]))
+    t = terminal(*ARGS, "--hostfile", str(hosts))
+    t.wait("2 ranks", timeout=120, what="the banner")
+    assert (bin_dir / "hosts").read_text().split() == ["node1"]
+    assert len(STATS.findall(t.send("hello"))) == 1
+    t.type("/bye")
+    assert t.exit_status(timeout=20) == 0
+    wait_gone(tmp_path)
