@@ -113,7 +113,13 @@ def load_target(path: Path, dtype: str | None = None, quantize: int | None = Non
     try:
         tokenizer = load_tokenizer(path, eos_token_ids=config.get("eos_token_id"))
     except Exception as e:
-        raise LoadError(f"cannot load the tokenizer from {path}: {_short(e)}") from None
+        # transformers 5 validates the model's config.json while looking for the tokenizer class and rejects
+        # layer kinds it does not know (gear's "conv_mixer"); the tokenizer files name their own class
+        from transformers import PretrainedConfig
+        try:
+            tokenizer = load_tokenizer(path, {"config": PretrainedConfig()}, eos_token_ids=config.get("eos_token_id"))
+        except Exception:
+            raise LoadError(f"cannot load the tokenizer from {path}: {_short(e)}") from None
     n_vocab = len(tokenizer._tokenizer)
     if n_vocab > config.get("vocab_size", n_vocab):
         raise LoadError(f"tokenizer in {path} has {n_vocab} tokens but the model's vocab_size is {config['vocab_size']}")

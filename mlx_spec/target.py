@@ -59,10 +59,11 @@ class LayerTap(LayerWrapper):
 
     def __call__(self, *args, **kwargs):
         out = self.inner(*args, **kwargs)
+        h = out[0] if isinstance(out, tuple) else out  # kimi_k3's layers return (hidden, residual blocks)
         if self._sink is not None:
-            self._sink.values.append(out)
+            self._sink.values.append(h)
         if self._start:
-            mx.async_eval(out)
+            mx.async_eval(h)
         return out
 
 
@@ -151,7 +152,7 @@ class Target:
     def embed(self, tokens: mx.array) -> mx.array:
         emb = self._embedding
         h = emb(tokens)
-        if self.model_type.startswith("gemma"):
+        if self.model_type.startswith(("gemma", "gear")):  # gear scales its embeddings as gemma does
             h = h * mx.array(emb.weight.shape[-1] ** 0.5, h.dtype)
         return h
 

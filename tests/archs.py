@@ -92,10 +92,55 @@ FAMILIES = {
     # pure Mamba (v1): refused for speculation (its layers never call cache.advance), decodes plainly
     "mamba": dict(model_type="mamba", state_size=16, conv_kernel=4, use_bias=False, use_conv_bias=True,
                   time_step_rank="auto"),
+    # Kimi Delta Attention (q/k/v short convolutions) every 2nd layer + MLA, MoE with a shared expert
+    "bailing_moe_v3": dict(model_type="bailing_moe_v3", moe_intermediate_size=64,
+                           moe_shared_expert_intermediate_size=64, num_experts=4, num_experts_per_tok=2,
+                           num_shared_experts=1, n_group=1, topk_group=1, first_k_dense_replace=1, layer_group_size=2,
+                           routed_scaling_factor=1.0, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16,
+                           qk_rope_head_dim=8, v_head_dim=16, short_conv_kernel_size=4),
+    # gated short-convolution mixers + sliding-window and global attention (a tied head collapses to one token)
+    "gear": dict(model_type="gear", layer_types=["conv_mixer", "sliding_attention", "conv_mixer", "full_attention"],
+                 sliding_window=8, conv_L_cache=3, query_pre_attn_scalar=16, tie_word_embeddings=False),
+    # Kimi Delta Attention (one fused q/k/v convolution) + MLA, MoE; settings under `text_config`, layers
+    # returning (hidden, residual blocks)
+    "kimi_k3": dict(model_type="kimi_k3", text_config=dict(
+        model_type="kimi_linear", hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=4, rms_norm_eps=1e-6, max_position_embeddings=512, num_experts=4, moe_intermediate_size=64,
+        num_experts_per_token=2, num_shared_experts=1, first_k_dense_replace=1, kv_lora_rank=16, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, tie_word_embeddings=True,
+        linear_attn_config=dict(kda_layers=[1, 3], full_attn_layers=[2, 4], num_heads=4, head_dim=16,
+                                short_conv_kernel_size=4))),
+    # MLA + MoE with zero experts, two attentions per layer (a CacheList of two KV caches per layer)
+    "longcat_flash": dict(model_type="longcat_flash", attention_method="MLA", zero_expert_type="identity",
+                          ffn_hidden_size=128, moe_topk=2, expert_ffn_hidden_size=64, n_routed_experts=4,
+                          zero_expert_num=1, num_layers=2, num_hidden_layers=2, kv_lora_rank=16, q_lora_rank=32,
+                          qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16, routed_scaling_factor=1.0,
+                          mla_scale_q_lora=True, mla_scale_kv_lora=True, attention_bias=False),
+    # longcat_flash with n-gram embeddings: refused for speculation (its n-gram context cache never calls
+    # cache.advance), decodes plainly
+    "longcat_flash_ngram": dict(model_type="longcat_flash_ngram", ffn_hidden_size=128, moe_topk=2,
+                                expert_ffn_hidden_size=64, n_routed_experts=4, zero_expert_num=1, num_layers=2,
+                                num_hidden_layers=2, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+                                qk_nope_head_dim=16, v_head_dim=16, routed_scaling_factor=1.0, mla_scale_q_lora=True,
+                                mla_scale_kv_lora=True, ngram_vocab_size_ratio=2, emb_neighbor_num=3,
+                                emb_split_num=2),
+    # MLA with a sparse top-k indexer (8 keys, so the prompt already exceeds it); a CacheList (MLA, indexer)
+    "deepseek_v32": dict(model_type="deepseek_v32", index_head_dim=16, index_n_heads=2, index_topk=8,
+                         moe_intermediate_size=64, n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2,
+                         first_k_dense_replace=1, kv_lora_rank=16, q_lora_rank=32, qk_rope_head_dim=8,
+                         v_head_dim=16, qk_nope_head_dim=16),
+    # block-sparse attention (an indexer keeps 2 blocks of 4 keys) every 2nd layer, MoE; under `text_config`
+    "minimax_m3_vl": dict(model_type="minimax_m3_vl", text_config=dict(
+        hidden_size=64, intermediate_size=64, dense_intermediate_size=128, shared_intermediate_size=64,
+        num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=4, num_local_experts=4, num_experts_per_tok=2,
+        head_dim=16, max_position_embeddings=512, rope_theta=10000.0, tie_word_embeddings=True,
+        mlp_layer_types=["dense", "sparse", "dense", "sparse"],
+        layer_types=["full_attention", "minimax_m3_sparse", "full_attention", "minimax_m3_sparse"],
+        index_n_heads=2, index_head_dim=16, index_block_size=4, index_topk_blocks=2, index_local_blocks=1)),
 }
 
 
-SCALES = {"plamo2": 0.7}  # plamo2's random outputs collapse to one token at larger scales
+SCALES = {"plamo2": 0.7, "gear": 2.0}  # their random outputs collapse to one token at larger scales
 
 
 def make(out: Path, tokenizer_dir: Path, family: str, layers: int = 4, seed: int = 0, scale: float | None = None,

@@ -9,14 +9,19 @@ lookup and with a draft model; multi-turn reuse equals a fresh run. (8-bit and 4
 
 import mlx_lm
 import pytest
+from transformers import PretrainedConfig
 
 import archs
 import factory
 import mlx_spec
 from mlx_spec.engine.recurrent import RecurrentCache
 
+# mlx-lm 0.32's newer families: every test here (and in test_hybrid_batch/_quantized) covers them under -m slow;
+# each default run checks each of them once (test_newer_family_partial_acceptance and the batch file's short test)
+NEWER = ["bailing_moe_v3", "gear", "kimi_k3", "longcat_flash", "deepseek_v32", "minimax_m3_vl"]
 FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "granitemoehybrid",
-            "kimi_linear", "mamba2", "plamo2", "olmo_hybrid", "bailing_hybrid", "gemma3_text", "gpt_oss", "qwen3_moe"]
+            "kimi_linear", "mamba2", "plamo2", "olmo_hybrid", "bailing_hybrid", "gemma3_text", "gpt_oss", "qwen3_moe",
+            *(pytest.param(name, marks=pytest.mark.slow) for name in NEWER)]
 PROMPT = "Hello, how are you"
 N = 30
 
@@ -27,7 +32,9 @@ def family(request, models_dir, tokenizer_dir):
 
 
 def plain(model_dir, prompt=PROMPT, n=N):
-    model, tok = mlx_lm.load(str(model_dir))
+    # transformers 5 rejects gear's config.json while looking for the tokenizer class (see model_files.load_target)
+    gear = '"conv_mixer"' in (model_dir / "config.json").read_text()
+    model, tok = mlx_lm.load(str(model_dir), tokenizer_config={"config": PretrainedConfig()} if gear else None)
     rs = list(mlx_lm.stream_generate(model, tok, prompt, max_tokens=n))
     tokens = [r.token for r in rs]
     return tokens[:-1] if rs[-1].finish_reason == "stop" else tokens
@@ -61,7 +68,8 @@ def test_oracle_drafters_match_plain_greedy(family, monkeypatch):
             assert got == ref, (name, error_rate, block)
             if error_rate == 0.0:
                 assert last.spec.accepted >= last.spec.drafted - (block - 1)
-    if name in ("gemma3_text", "gpt_oss", "qwen3_moe", "falcon_h1"):  # nothing replayed / through the stack
+    if name in ("gemma3_text", "gpt_oss", "qwen3_moe", "falcon_h1", "longcat_flash", "deepseek_v32", "minimax_m3_vl"):
+        # nothing replayed (KV caches only) / through the stack
         assert not from_mixers
     else:
         assert from_mixers and all(from_mixers), (name, from_mixers)
@@ -122,7 +130,27 @@ def test_untested_recurrent_architecture_is_refused_for_speculation_only(models_
         mlx_spec.make_prompt_cache(model)
 
 
-@pytest.mark.parametrize("name,reason", [("mamba", "never call cache.advance")])
+@pytest.mark.parametrize("name", NEWER)
+def test_newer_family_partial_acceptance(name, models_dir, tokenizer_dir):
+    """Plain decoding, then an oracle drafter that gets part of each block wrong (recurrent states rewound and
+    replayed, KV and sliding-window caches trimmed), equal to mlx-lm's plain greedy; kimi_k3 (layers return
+    a tuple) and gear (scaled embeddings) also with a DFlash drafter tapping their first two layers."""
+    target = archs.make(models_dir / f"hy-{name}", tokenizer_dir, name, seed=3)
+    ref = plain(target, n=16)
+    model, tok = mlx_spec.load(str(target), drafter=None)
+    assert spec(model, tok, PROMPT, 16)[0] == ref
+    model.drafter = factory.OracleDrafter(tok.encode(PROMPT) + ref, 5, 0.3, seed=5, vocab=300)
+    got, last = spec(model, tok, PROMPT, 16, block_size=5)
+    assert got == ref, name
+    assert 0 < last.spec.accepted < last.spec.drafted, name
+    if name in ("kimi_k3", "gear"):
+        drafter = factory.make_drafter(target.parent / f"{target.name}-dflash4", target, taps=(0, 1), block_size=4)
+        model, tok = mlx_spec.load(str(target), drafter=str(drafter), mode="dflash")
+        assert spec(model, tok, PROMPT, 16, block_size=4)[0] == ref, name
+
+
+@pytest.mark.parametrize("name,reason", [("mamba", "never call cache.advance"),
+                                         ("longcat_flash_ngram", "n-gram context cache .* without cache.advance")])
 def test_refused_architecture_names_the_reason(name, reason, models_dir, tokenizer_dir):
     """An architecture refused by name decodes plainly, and speculation is refused saying why."""
     target = archs.make(models_dir / f"hy-{name}", tokenizer_dir, name, seed=3)

@@ -36,7 +36,10 @@ class BatchView:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         rows = [c.update_and_fetch(keys[i : i + 1], values[i : i + 1]) for i, c in enumerate(self.caches)]
-        return _stack([k for k, _ in rows]), _stack([v for _, v in rows])
+        # kept as attributes: deepseek_v32's indexer reads `cache.keys` after an update and reassigns both
+        # (graph bookkeeping only; each row's own cache keeps its arrays, evaluated every round)
+        self.keys, self.values = _stack([k for k, _ in rows]), _stack([v for _, v in rows])
+        return self.keys, self.values
 
     def _mask(self, starts: list[int], n: int, window: int | None) -> mx.array:
         """[B, 1, n, L]: query q of row b sits at buffer row starts[b] + q and sees the rows up to it

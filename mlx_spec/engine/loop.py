@@ -18,6 +18,7 @@ from ..controller import plan_batch
 from ..drafters.base import Draft
 from .batch import batch_caches, can_batch, replay
 from .cache import PromptCache, eval_state, trim
+from .rollback import batchable
 from .sampling import Sampler, accept
 
 
@@ -130,7 +131,7 @@ def verify(target, states: list[DecodeState], proposals: list[Draft]):
     caches = [s.pc.cache for s in states]
     if len(states) == 1:
         logits, hidden = target(blocks[0][None], caches[0])
-    elif can_batch(caches):
+    elif can_batch(caches) and batchable(getattr(target, "model", target)):
         logits, hidden = target(mx.stack(blocks), batch_caches(caches))
     else:  # caches that cannot be viewed as a batch: verify one request at a time
         outs = [target(b[None], c) for b, c in zip(blocks, caches)]

@@ -22,7 +22,7 @@ from .rotating import SpecRotatingKVCache
 # Other architectures with recurrent state decode plainly but are refused for speculation.
 RECURRENT_TESTED = frozenset({"qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe",
                               "granitemoehybrid", "kimi_linear", "mamba2", "plamo2", "olmo_hybrid",
-                              "bailing_hybrid"})
+                              "bailing_hybrid", "bailing_moe_v3", "gear", "kimi_k3"})
 # Why the other architectures mlx-lm 0.32 ships with recurrent or convolutional state are refused (checked in
 # their code); any other one is refused as untested.
 NOT_ADVANCED = "its recurrent layers never call cache.advance, which marks where a state update ends"
@@ -31,6 +31,15 @@ REFUSED = {
     "bailing_moe_linear": NOT_ADVANCED,
     "baichuan_m1": "its convolution state is a list written in place (cache[0][i] = ...), which a checkpoint "
                    "by reference cannot keep",
+    "longcat_flash_ngram": "its n-gram context cache (the last tokens, which its embedding reads) is written without "
+                           "cache.advance, which marks where a state update ends",
+}
+
+# Architectures whose layers cannot take a right-padded batch of requests exactly: their rounds verify one
+# request at a time (engine.loop.verify).
+UNBATCHED = {
+    "minimax_m3_vl": "its block-sparse indexer places a block's queries at the end of the padded key width, "
+                     "so a shorter row's local blocks would be chosen wrongly",
 }
 
 UNBOUNDED = 1 << 60  # a plain KV cache can go back to any earlier token
@@ -67,6 +76,11 @@ def can_roll_back(c) -> bool:
 
 def architecture(model) -> str:
     return type(model).__module__.rsplit(".", 1)[-1]
+
+
+def batchable(model) -> bool:
+    """Whether several requests' blocks may share one verify pass of this model (see UNBATCHED)."""
+    return architecture(model) not in UNBATCHED
 
 
 def speculation_problem(model, caches: list | None = None) -> str | None:
