@@ -200,19 +200,16 @@ def test_three_ranks_decode_and_serve_as_one_process_and_a_killed_rank_fails_cle
     """Three stages (first, middle, last) equal one process: generation groups, then `serve --distributed`
     (rank 0 listens) through the openai client; then the middle rank is killed mid-stream: the stream
     ends with an error, the first stage exits with a clear message within seconds, later requests 503."""
-    groups = [DENSE, LOOKUP] + hybrid[1:] + mtp
+    groups = [DENSE, LOOKUP] + hybrid[1:] + mtp[::2]  # the GLM head runs at 2 ranks (slow)
     port = distributed_launch.free_ports(1)[0]
     spec, out = tmp_path / "spec.json", tmp_path / "out.json"
     serve = {"serve": ["--port", str(port), "--block-size", "8", "--rank-timeout", "20"]}
     spec.write_text(json.dumps({"groups": groups + [serve]}))
-    t0 = time.monotonic()
     procs = distributed_launch.start(3, ["tests/distributed_worker.py", str(spec), str(out)])
     try:
         _wait_serving(port, procs)
-        print(f"serving after {time.monotonic() - t0:.1f} s")
         got = json.loads(out.read_text())
         served, failed, after = _serve_and_kill(port, procs)
-        print(f"served and killed after {time.monotonic() - t0:.1f} s")
         (rc2, _, err2), = distributed_launch.finish(procs[2:], timeout=15)
         assert procs[0].poll() is None  # the server stays up, answering 503
         os.kill(procs[0].pid, signal.SIGINT)
@@ -231,8 +228,8 @@ def test_three_ranks_decode_and_serve_as_one_process_and_a_killed_rank_fails_cle
 
 
 @pytest.mark.slow
-def test_two_ranks_decode_as_one_process(hybrid, tmp_path):
-    groups = [DENSE, LOOKUP] + hybrid
+def test_two_ranks_decode_as_one_process(hybrid, mtp, tmp_path):
+    groups = [DENSE, LOOKUP] + hybrid + mtp
     results = launch_raw(2, groups, tmp_path)
     for rank, (rc, _, err) in enumerate(results):
         assert rc == 0, f"rank {rank} exited with {rc}:\n{err[-3000:]}"

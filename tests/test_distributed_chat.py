@@ -1,6 +1,7 @@
-"""`mlx-spec chat --distributed -n N` in a real terminal (tmux): the terminal process is rank 0 and starts
-its followers; replies equal one process's, across turns, /regen and a reply stopped with Ctrl-C;
-leaving ends every rank; a killed follower gives a clear message in the chat, not a hang."""
+"""`mlx-spec chat --distributed` in a real terminal (tmux): the terminal process is rank 0 and starts
+its followers (-n N; --hostfile over ssh); replies equal one process's, across turns, /regen and a
+reply stopped with Ctrl-C; a killed follower gives a clear message in the chat, not a hang; leaving
+ends every rank."""
 
 from __future__ import annotations
 
@@ -70,10 +71,14 @@ def terminal(tmp_path):
         os.kill(pid, signal.SIGKILL)
 
 
-def test_three_ranks_chat_as_one_process_and_leaving_ends_every_rank(terminal, tmp_path):
-    t = terminal(*ARGS, "-n", "3")
-    t.wait("block size 8, 3 ranks", timeout=120, what="the banner")
-    assert sorted(ranks_of(tmp_path)) == [0, 1, 2]
+def test_chat_across_ranks_as_one_process_then_a_killed_follower_is_a_clear_message(terminal, tmp_path):
+    """Two ranks (three stages, a middle one too, run in test_distributed): turns, /regen, a reply stopped
+    with Ctrl-C and a turn after it equal one process's chat; then the follower is killed: the next reply
+    fails at once with a clear message, the chat stays up, and leaving leaves no rank running. (Leaving
+    with every follower alive: the --hostfile test.)"""
+    t = terminal(*ARGS, "-n", "2", "--rank-timeout", "10")
+    t.wait("block size 8, 2 ranks", timeout=120, what="the banner")
+    assert sorted(ranks_of(tmp_path)) == [0, 1]
     t.send("hello")
     second = t.send("tell me more")
     assert int(re.search(r"\((\d+) cached\)", second).group(1)) > 20  # every rank reused its cache
@@ -88,7 +93,14 @@ def test_three_ranks_chat_as_one_process_and_leaving_ends_every_rank(terminal, t
     t.send("and then?")  # the ranks' caches are still in step after the stop
     saved = tmp_path / "c.json"
     t.send(f"/save {saved}")
-    t.type("/bye")
+
+    os.kill(ranks_of(tmp_path)[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    out = t.send("one more")
+    assert time.monotonic() - t0 < 15
+    assert "the distributed target failed" in out and "rank 1 exited" in out, out
+    assert "the distributed target failed" in t.send("again?")  # at once, and the chat stays up
+    t.keys("C-d")
     assert t.exit_status(timeout=20) == 0
     wait_gone(tmp_path)
     assert "Traceback" not in t.screen()
@@ -101,25 +113,11 @@ def test_three_ranks_chat_as_one_process_and_leaving_ends_every_rank(terminal, t
     assert got[2] and want[2].startswith(got[2]) and len(got[2]) < len(want[2])  # stopped part-way
 
 
-def test_killed_follower_is_a_clear_message_not_a_hang(terminal, tmp_path):
-    t = terminal(*ARGS, "-n", "2", "--rank-timeout", "10")
-    t.wait("2 ranks", timeout=120, what="the banner")
-    assert len(STATS.findall(t.send("hello"))) == 1
-    os.kill(ranks_of(tmp_path)[1], signal.SIGKILL)
-    t0 = time.monotonic()
-    out = t.send("tell me more")
-    assert time.monotonic() - t0 < 15
-    assert "the distributed target failed" in out and "rank 1 exited" in out, out
-    assert "the distributed target failed" in t.send("again?")  # at once, and the chat stays up
-    t.keys("C-d")
-    assert t.exit_status(timeout=20) == 0
-    wait_gone(tmp_path)
-
-
-@pytest.mark.slow  # a third chat launch; the -n path above runs the same ranks
-def test_hostfile_starts_the_followers_over_ssh(terminal, tmp_path, monkeypatch):
+@pytest.mark.slow  # a second chat launch; the -n path above runs the same ranks
+def test_hostfile_starts_the_followers_over_ssh_and_leaving_ends_them(terminal, tmp_path, monkeypatch):
     """--hostfile (mlx.launch's host list): rank 1's host is not this one, so it starts over ssh, its hostfile
-    written on the other side. Here `ssh` is a stand-in on PATH that runs the command locally."""
+    written on the other side (here `ssh` is a stand-in on PATH that runs the command locally); /bye with the
+    follower alive tells it to exit: no rank is left."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "ssh").write_text('#!/bin/bash\necho "$1" >> "$(dirname "$0")/hosts"\nexec bash -c "$2"\n')
