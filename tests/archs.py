@@ -140,6 +140,12 @@ FAMILIES = {
 }
 
 
+# kimi_k3 with attention residuals: each layer returns a block's partial sum, mixed over blocks at the end (so
+# DFlash taps are refused); a tied head collapses to one token
+FAMILIES["kimi_k3_attn_res"] = dict(FAMILIES["kimi_k3"], text_config=dict(
+    FAMILIES["kimi_k3"]["text_config"], attn_res_block_size=2, tie_word_embeddings=False))
+
+
 SCALES = {"plamo2": 0.7, "gear": 2.0}  # their random outputs collapse to one token at larger scales
 
 

@@ -149,6 +149,23 @@ def test_newer_family_partial_acceptance(name, models_dir, tokenizer_dir):
         assert spec(model, tok, PROMPT, 16, block_size=4)[0] == ref, name
 
 
+def test_kimi_k3_attention_residuals(models_dir, tokenizer_dir):
+    """kimi_k3 with attention residuals (a layer returns a block's partial sum; the blocks are mixed at the end):
+    an oracle drafter at partial acceptance and lookup equal plain greedy; a DFlash drafter is refused at load,
+    since no layer's output, through the final norm and head, gives the model's logits."""
+    target = archs.make(models_dir / "hy-kimi_k3_attn_res", tokenizer_dir, "kimi_k3_attn_res", seed=3)
+    ref = plain(target, n=16)
+    model, tok = mlx_spec.load(str(target), drafter=None)
+    model.drafter = factory.OracleDrafter(tok.encode(PROMPT) + ref, 5, 0.3, seed=5, vocab=300)
+    got, last = spec(model, tok, PROMPT, 16, block_size=5)
+    assert got == ref and 0 < last.spec.accepted < last.spec.drafted
+    model, tok = mlx_spec.load(str(target), drafter="auto", mode="lookup")
+    assert spec(model, tok, PROMPT, 16, block_size=4)[0] == ref
+    drafter = factory.make_drafter(target.parent / f"{target.name}-dflash4", target, taps=(0, 1), block_size=4)
+    with pytest.raises(mlx_spec.LoadError, match="taps do not reproduce kimi_k3 logits"):
+        mlx_spec.load(str(target), drafter=str(drafter), mode="dflash")
+
+
 @pytest.mark.parametrize("name,reason", [("mamba", "never call cache.advance"),
                                          ("longcat_flash_ngram", "n-gram context cache .* without cache.advance")])
 def test_refused_architecture_names_the_reason(name, reason, models_dir, tokenizer_dir):
