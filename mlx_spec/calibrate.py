@@ -176,10 +176,11 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     for widths up to max_width; the shapes take turns within each repetition. [] where caches cannot batch."""
     from .engine.batch import batch_caches, can_batch
     from .engine.cache import PromptCache, trim
+    from .engine.rollback import batchable
 
     vocab, top = model.vocab_size, max(rows)
     pcs = [PromptCache(model.model, model.drafter, **model.kv_cache) for _ in range(top)]
-    if not can_batch([pc.cache for pc in pcs]):
+    if not can_batch([pc.cache for pc in pcs]) or not batchable(model.target.model):  # the loop verifies alone
         return []
     for r, pc in enumerate(pcs):  # different contexts per row, as in a real batch
         out, _ = model.target(mx.array([[(i * 7919 + r * 31) % vocab for i in range(context)]]), pc.cache)
