@@ -318,3 +318,21 @@ def test_generate_cli_under_mlx_launch():
     model, tokenizer = load(None)
     assert out.stdout == generate(model, tokenizer, "def add(a, b):", 16, block_size=8) + "\n"
     assert "| 2 ranks" in out.stderr
+
+
+@pytest.mark.slow
+def test_bench_distributed_reports_communication_and_speedup():
+    """`bench --distributed` on two ranks: plain and speculative on the same split target, τ, time per round
+    and the communication of a plain and of a verify round."""
+    procs = distributed_launch.start(2, ["-m", "mlx_spec.cli", "bench", "--distributed", "--json", "--kinds", "raw",
+                                         "--block-size", "8", "--max-tokens", "12", "--repeats", "1"])
+    results = distributed_launch.finish(procs, timeout=240)
+    for rank, (rc, _, err) in enumerate(results):
+        assert rc == 0, f"rank {rank}: {err[-2000:]}"
+    out = results[0][1]
+    row = json.loads(out[out.index("{"):])
+    assert row["ranks"] == 2 and row["split"] == [4, 4] and row["block_size"] == 8
+    assert row["plain_tps"] > 0 and row["spec_tps"] > 0 and row["speedup"] > 0 and row["tokens_per_pass_spec"] >= 1
+    assert 0 < row["comm_ms_per_plain_round"] and 0 < row["comm_ms_per_verify_round"]
+    assert row["ms_per_verify_round"] > 0 and 0 < row["comm_share_spec"] < 1
+    assert results[1][1] == ""  # only rank 0 prints
