@@ -16,12 +16,14 @@ import factory
 import mlx_spec
 from mlx_spec.engine.recurrent import RecurrentCache
 
-# mlx-lm 0.32's newer families: every test here (and in test_hybrid_batch/_quantized) covers them under -m slow;
-# each default run checks each of them once (test_newer_family_partial_acceptance and the batch file's short test)
+# mlx-lm 0.32's newer families: every test here and in test_hybrid_batch covers them under -m slow; each default
+# run checks each of them once (test_newer_family_partial_acceptance, the batch file's short test, and 8-bit and
+# 4-bit weights: test_hybrid_quantized's default test takes NAMES)
 NEWER = ["bailing_moe_v3", "gear", "kimi_k3", "longcat_flash", "deepseek_v32", "minimax_m3_vl"]
-FAMILIES = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "granitemoehybrid",
-            "kimi_linear", "mamba2", "plamo2", "olmo_hybrid", "bailing_hybrid", "gemma3_text", "gpt_oss", "qwen3_moe",
-            *(pytest.param(name, marks=pytest.mark.slow) for name in NEWER)]
+OLDER = ["qwen3_5", "qwen3_5_moe", "qwen3_next", "nemotron_h", "falcon_h1", "lfm2", "lfm2_moe", "granitemoehybrid",
+         "kimi_linear", "mamba2", "plamo2", "olmo_hybrid", "bailing_hybrid", "gemma3_text", "gpt_oss", "qwen3_moe"]
+FAMILIES = OLDER + [pytest.param(name, marks=pytest.mark.slow) for name in NEWER]
+NAMES = OLDER + NEWER
 PROMPT = "Hello, how are you"
 N = 30
 

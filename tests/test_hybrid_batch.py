@@ -30,11 +30,11 @@ def test_batched_equals_alone(name, models_dir, tokenizer_dir, monkeypatch):
         assert max(check.replays) >= 2, name  # several rows rolled back by their own lengths in one round
 
 
-@pytest.mark.parametrize("name", ["deepseek_v32", "minimax_m3_vl"])
-def test_batched_indexer_families_equal_alone(name, models_dir, tokenizer_dir, monkeypatch):
+@pytest.mark.parametrize("name", ["deepseek_v32", "minimax_m3_vl", "kimi_k3"])
+def test_batched_newer_families_equal_alone(name, models_dir, tokenizer_dir, monkeypatch):
     """Each default run (the full test above is -m slow for them): deepseek_v32's top-k indexer reads the batch
     view's keys; minimax_m3_vl's block-sparse indexer cannot take a padded batch, so its rounds verify one
-    request at a time (rollback.UNBATCHED)."""
+    request at a time (rollback.UNBATCHED); kimi_k3's KDA layers unpack the stacked recurrent states."""
     check(name, models_dir, tokenizer_dir, monkeypatch, [REQUESTS[0], REQUESTS[2], REQUESTS[3]], 10,
           join_at=[0, 0, 1], shared=2)
 

@@ -12,7 +12,7 @@ import pytest
 import archs
 import factory
 import mlx_spec
-from test_hybrid import FAMILIES, PROMPT, plain, spec
+from test_hybrid import FAMILIES, NAMES, PROMPT, plain, spec
 
 N = 16
 
@@ -36,7 +36,7 @@ def check(target, block, error_rate=0.3, n=N):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("name", FAMILIES)
+@pytest.mark.parametrize("name", NAMES)
 def test_quantized_partial_acceptance(name, bits, models_dir, tokenizer_dir):
     stats = check(quantized(models_dir, tokenizer_dir, name, bits), block=5)
     assert 0 < stats.accepted < stats.drafted, (name, bits)  # some drafts kept, some rolled back
