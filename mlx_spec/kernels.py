@@ -5,6 +5,9 @@ twin and the kernel variants (a kernel must agree with the twin and be faster);
 the choice is cached in ~/.cache/mlx-spec/kernels.json, keyed by device, MLX
 version, shape and dtype. Everywhere else, or with `enabled=False`
 (`--no-kernels`), the twins run, and the results are bit-identical to mlx-lm's.
+
+`patch_recurrence` (below) runs on every backend: a verify block's Gated DeltaNet recurrence as one
+compiled graph, bit-identical to mlx-lm's CPU loop; on Metal mlx-lm's own kernel keeps the call.
 """
 
 from __future__ import annotations
