@@ -6,8 +6,9 @@ the choice is cached in ~/.cache/mlx-spec/kernels.json, keyed by device, MLX
 version, shape and dtype. Everywhere else, or with `enabled=False`
 (`--no-kernels`), the twins run, and the results are bit-identical to mlx-lm's.
 
-`patch_recurrence` (below) runs on every backend: a verify block's Gated DeltaNet recurrence as one
-compiled graph, bit-identical to mlx-lm's CPU loop; on Metal mlx-lm's own kernel keeps the call.
+`patch_recurrence` (below) is applied on every backend, kernels on or off: on the CPU a verify block's
+Gated DeltaNet recurrence runs as one compiled graph, bit-identical to mlx-lm's loop; elsewhere (Metal:
+mlx-lm's own kernel) the call goes to mlx-lm unchanged.
 """
 
 from __future__ import annotations
@@ -340,9 +341,10 @@ RECURRENCE_SWAPS = _recurrence_swaps()
 
 def patch_recurrence(model: nn.Module) -> nn.Module:
     """Swap the model's Gated DeltaNet mixers (qwen3_5, qwen3_5_moe, qwen3_next, olmo_hybrid) for subclasses
-    whose verify-width recurrence is one compiled graph (`metal_kernels/gated_delta_verify.py`;
-    bit-identical to mlx-lm's `gated_delta_ops`; Metal calls keep mlx-lm's kernel). On every backend, with
-    or without kernels; the recording mixers of engine/recurrent.py subclass these in turn. Returns the model."""
+    whose verify-width recurrence on the CPU is one compiled graph (`metal_kernels/gated_delta_verify.py`;
+    bit-identical to mlx-lm's `gated_delta_ops`; other backends keep mlx-lm's call). Applied on every
+    backend, with or without kernels; the recording mixers of engine/recurrent.py subclass these in turn.
+    Returns the model."""
     for _, layer in model.named_modules():
         for name, child in list(layer.children().items()):
             if isinstance(child, nn.Module) and type(child) in RECURRENCE_SWAPS:

@@ -125,7 +125,7 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     config_k = KernelConfig(enabled=kernels)
     if config_k.active:
         patch_model(model, config_k)
-    patch_recurrence(model)  # every backend: a verify block's Gated DeltaNet recurrence in one graph, same floats
+    patch_recurrence(model)  # kernels on or off: on the CPU a verify block's Gated DeltaNet recurrence in one graph, same floats
     if eval_every is None:
         eval_every = 2 if mx.default_device() == mx.cpu else 0
     wrapped = Target(model, kernels=config_k, eval_every=eval_every)

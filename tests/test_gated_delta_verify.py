@@ -114,7 +114,7 @@ def test_patched_mixers_are_bit_identical(family, models_dir, tokenizer_dir):
 
 
 def test_load_substitutes_the_mixers(models_dir, tokenizer_dir):
-    """mlx_spec.load runs our recurrence on every backend (here the CPU, kernels off too)."""
+    """mlx_spec.load substitutes the mixers whatever the kernels setting (here off; the CPU runs our graph)."""
     import mlx_spec
 
     path = archs.make(models_dir / "gdv-load-qwen3_5", tokenizer_dir, "qwen3_5", seed=6)

@@ -14,8 +14,9 @@ as in `gated_delta_ops` (the reductions run over the same contiguous last axis, 
 so y and the state are bit-identical to it; tests/test_gated_delta_verify.py checks that on random
 shapes (Hv > Hk, masks, T = 1-16, float32 and bfloat16 inputs).
 
-No Metal body: on Metal mlx-lm already runs its own fused kernel for any T, and `gated_delta_update`
-below hands such calls to it unchanged, so greedy output there stays mlx-lm's.
+Used on the CPU backend only. No Metal body: on Metal mlx-lm already runs its own fused kernel for any
+T, and `gated_delta_update` below hands such calls (and any other GPU backend's) to mlx-lm unchanged, so
+greedy output there stays mlx-lm's.
 """
 
 from __future__ import annotations
@@ -83,9 +84,10 @@ def mlx_lm_uses_kernel(k: mx.array, use_kernel: bool) -> bool:
 def gated_delta_update(q, k, v, a, b, A_log, dt_bias, state=None, mask=None, *, use_kernel: bool = True,
                        lower_bound: float | None = None, allow_neg_eigval: bool = False):
     """mlx-lm's `gated_delta_update` (same arguments, same results), with the recurrence of calls it
-    would run through `gated_delta_ops` computed by `gated_delta_verify_ref`. Metal calls and calls
-    longer than MAX_T go to mlx-lm's function unchanged."""
-    if mlx_lm_uses_kernel(k, use_kernel) or q.shape[1] > MAX_T:
+    would run through `gated_delta_ops` on the CPU computed by `gated_delta_verify_ref`. Everything else
+    goes to mlx-lm's function unchanged: Metal (its kernel), calls longer than MAX_T (prefill), and other
+    GPU backends, where bit-identity of the stacked-state reduction has not been tested."""
+    if mx.default_device() != mx.cpu or mlx_lm_uses_kernel(k, use_kernel) or q.shape[1] > MAX_T:
         return _gd.gated_delta_update(q, k, v, a, b, A_log, dt_bias, state, mask, use_kernel=use_kernel,
                                       lower_bound=lower_bound, allow_neg_eigval=allow_neg_eigval)
     # mlx-lm's preamble, with its own compiled gate functions
