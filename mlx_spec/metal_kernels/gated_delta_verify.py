@@ -4,7 +4,7 @@ Off Metal, mlx-lm's `gated_delta_update` runs `gated_delta_ops`: a Python loop c
 step per token, each step its own graph of slices, broadcasts and two reductions. On the CPU backend
 every MLX primitive costs several microseconds of dispatch whatever its size, and these states are
 small (Hv x Dv x Dk floats), so an 8-token verify pays for 199 primitives per layer: the recurrence
-was most of what made a hybrid's verify pass wider than a dense model's (README, rollback bench).
+was the largest part of what grows with the block in a hybrid's verify pass (README, rollback bench).
 
 `gated_delta_verify_ref` computes exactly the same floats with 40 primitives: the
 per-step operands are split once along time (no per-step slices), the grouped heads broadcast
