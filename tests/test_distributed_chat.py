@@ -132,3 +132,25 @@ def test_hostfile_starts_the_followers_over_ssh_and_leaving_ends_them(terminal, 
     t.type("/bye")
     assert t.exit_status(timeout=20) == 0
     wait_gone(tmp_path)
+
+
+@pytest.mark.slow
+def test_chat_joins_under_mlx_launch(tmp_path):
+    """Started by `mlx.launch` (MLX_RANK set: it joins, starts nothing): rank 0 reads its stdin as lines, the
+    reply equals one process's chat, and /bye ends both ranks."""
+    import shutil
+    import subprocess
+    import sys
+
+    launcher = shutil.which("mlx.launch")
+    if launcher is None:
+        pytest.skip("mlx.launch is not on PATH")
+    saved = tmp_path / "c.json"
+    cmd = [launcher, "--backend", "ring", "-n", "2", "--python", sys.executable, "--", "-m", "mlx_spec.cli", "chat",
+           *ARGS]
+    out = subprocess.run(cmd, input=f"hello\n/save {saved}\n/bye\n", capture_output=True, text=True, timeout=240,
+                         env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "state")})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "2 ranks" in out.stdout + out.stderr
+    conversation = json.loads(saved.read_text())["messages"]
+    assert [m["content"] for m in conversation if m["role"] == "assistant"] == one_process(conversation)
