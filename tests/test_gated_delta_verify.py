@@ -113,14 +113,20 @@ def test_patched_mixers_are_bit_identical(family, models_dir, tokenizer_dir):
     assert recording and all(type(m)._spec_base in K.RECURRENCE_SWAPS.values() for m in recording)
 
 
-def test_load_substitutes_the_mixers(models_dir, tokenizer_dir):
-    """mlx_spec.load substitutes the mixers whatever the kernels setting (here off; the CPU runs our graph)."""
+def test_load_substitutes_the_mixers(models_dir, tokenizer_dir, monkeypatch):
+    """mlx_spec.load substitutes the mixers whatever the kernels setting (here off), and on the CPU a verify
+    block's recurrence is our graph, not a delegation to mlx-lm (which would pass the identity tests too)."""
     import mlx_spec
 
     path = archs.make(models_dir / "gdv-load-qwen3_5", tokenizer_dir, "qwen3_5", seed=6)
     model, _ = mlx_spec.load(str(path), drafter=None, kernels=False)
     kinds = {type(m) for _, m in model.target.model.named_modules()}
     assert K.RECURRENCE_SWAPS[qwen3_5.GatedDeltaNet] in kinds and qwen3_5.GatedDeltaNet not in kinds
+    widths, real = [], gdv.gated_delta_verify_ref
+    monkeypatch.setattr(gdv, "gated_delta_verify_ref", lambda q, *a: widths.append(q.shape[1]) or real(q, *a))
+    monkeypatch.setattr(gd, "gated_delta_ops", lambda *a: pytest.fail("mlx-lm's loop ran"))
+    mx.eval(model.target.model(mx.array([list(range(3, 11))]), cache=make_prompt_cache(model.target.model)))
+    assert widths == [8, 8]  # both Gated DeltaNet layers
 
 
 def test_a_mixer_that_stops_calling_the_recurrence_is_refused():
