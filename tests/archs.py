@@ -146,7 +146,7 @@ FAMILIES["kimi_k3_attn_res"] = dict(FAMILIES["kimi_k3"], text_config=dict(
     FAMILIES["kimi_k3"]["text_config"], attn_res_block_size=2, tie_word_embeddings=False))
 
 
-SCALES = {"plamo2": 0.7, "gear": 2.0}  # their random outputs collapse to one token at larger scales
+SCALES = {"plamo2": 0.7}  # plamo2's random outputs collapse to one token at larger scales
 
 
 def make(out: Path, tokenizer_dir: Path, family: str, layers: int = 4, seed: int = 0, scale: float | None = None,
