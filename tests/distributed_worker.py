@@ -15,13 +15,14 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 
-def run_cases(model, tokenizer, cases: list[dict]) -> dict:
+def run_cases(model, tokenizer, cases: list[dict], tick=lambda: None) -> dict:
+    """What each case generates; `tick` after every round (a rank's watchdog: progress was made)."""
     from mlx_spec.generate import make_generation, step_all
 
     out = {}
     for case in cases:
         if "turns" in case:  # a conversation: each turn continues the last prompt and reply, one cache
-            out[case["name"]] = conversation(model, tokenizer, case)
+            out[case["name"]] = conversation(model, tokenizer, case, tick)
             continue
         gens = [make_generation(model, tokenizer, p, case["max_tokens"], block_size=case.get("block_size"),
                                 adaptive=False, speculative=case.get("speculative", True), **case.get("sampling", {}))
@@ -31,12 +32,13 @@ def run_cases(model, tokenizer, cases: list[dict]) -> dict:
             live = [i for i, g in enumerate(gens) if not g.finished]
             for i, r in zip(live, step_all(model, [gens[i] for i in live])):
                 tokens[i] += r.tokens
+            tick()
         out[case["name"]] = {"tokens": tokens, "accepted": sum(g.stats.accepted for g in gens),
                              "rounds": sum(g.stats.rounds for g in gens)}
     return out
 
 
-def conversation(model, tokenizer, case: dict) -> dict:
+def conversation(model, tokenizer, case: dict, tick) -> dict:
     from mlx_spec.generate import make_generation, make_prompt_cache, step_all
 
     pc, ids, turns, accepted = make_prompt_cache(model), [], [], 0
@@ -47,6 +49,7 @@ def conversation(model, tokenizer, case: dict) -> dict:
         tokens = list(g.start().tokens)
         while not g.finished:
             tokens += step_all(model, [g])[0].tokens
+            tick()
         turns.append(tokens)
         # "edit": the next turn follows the prompt, not the reply (a regenerated or edited message)
         ids, accepted = (ids if case.get("edit") else ids + tokens), accepted + g.stats.accepted
@@ -90,7 +93,9 @@ def main(spec_path: str, out_path: str) -> int:
             if group.get("endless"):  # the test kills a rank while this runs
                 (Path(group["endless"]) / f"rank{session.rank}.pid").write_text(str(os.getpid()))
             with session.guard("generation"):
-                result["groups"].append(run_cases(model, tokenizer, group["cases"]))
+                result["groups"].append(run_cases(model, tokenizer, group["cases"], session.progress))
+                while group.get("endless"):  # until the test stops a rank (a reply may end early, at EOS)
+                    run_cases(model, tokenizer, group["cases"], session.progress)
             if session.is_root:  # after each group: a test may read them while a later group runs
                 Path(out_path + ".tmp").write_text(json.dumps(result))
                 os.replace(out_path + ".tmp", out_path)

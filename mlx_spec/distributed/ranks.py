@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from .session import DistributedError
@@ -93,8 +94,12 @@ class Followers:
                                                    stdout=subprocess.DEVNULL, stderr=err, start_new_session=True,
                                                    preexec_fn=_die_with_parent))
 
-    def dead(self) -> str:
-        """Which followers have exited, with their logs' last line ('' if all run)."""
+    def dead(self, wait: float = 1.0) -> str:
+        """Which followers have exited, with their logs' last line ('' if all run). Asked after a lost
+        connection: a follower's sockets close while it dies, a moment before its exit can be read."""
+        deadline = time.monotonic() + wait
+        while all(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.05)
         out = []
         for rank, (p, log) in enumerate(zip(self.procs, self.logs), start=1):
             if p.poll() is not None:
@@ -103,8 +108,6 @@ class Followers:
         return "; ".join(out)
 
     def close(self, wait: float = 5.0) -> None:
-        import time
-
         deadline = time.monotonic() + wait
         for p in self.procs:
             try:

@@ -38,8 +38,14 @@ def from_root(x: mx.array | None, shape, dtype, group) -> mx.array:
     got = x if rank == 0 else mx.distributed.recv(shape, dtype, rank - 1, group=group)
     # Started now, on every rank: messages then go out and come in in program order on every rank,
     # whether or not (and whenever) the caller reads the value (a prefill chunk's logits, say).
-    mx.async_eval(mx.distributed.send(got, rank + 1, group=group) if rank + 1 < size else got)
-    return got
+    if rank + 1 == size:
+        mx.async_eval(got)
+        return got
+    sent = mx.distributed.send(got, rank + 1, group=group)
+    mx.async_eval(sent)
+    # A reader waits for the send too: a send to a dead rank then fails right there, where `guard`
+    # names it, instead of the ring giving up on its pending work and a later receive never returning.
+    return mx.depends(got, sent)
 
 
 @dataclass
