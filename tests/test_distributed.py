@@ -296,6 +296,8 @@ def test_distributed_needs_a_launcher_or_ranks_to_start(monkeypatch, capsys, tmp
     assert "want mlx.launch's host list" in capsys.readouterr().err
     assert main(["generate", "--distributed", "--split", "4,x"]) == 2
     assert "--split wants comma-separated layer counts" in capsys.readouterr().err
+    assert main(["serve", "--distributed", "--kv-bits", "8"]) == 2
+    assert "--kv-bits is not supported with --distributed" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -27,6 +27,8 @@ def config_from(args) -> DistributedConfig:
             raise DistributedError(f"--split wants comma-separated layer counts, got {args.split!r}") from None
     if args.rank_timeout <= 0:
         raise DistributedError(f"--rank-timeout must be positive, got {args.rank_timeout}")
+    if getattr(args, "kv_bits", None) is not None:  # a stage's caches are made per rank: untested with quantized KV
+        raise DistributedError("--kv-bits is not supported with --distributed yet (full-precision KV caches only)")
     return DistributedConfig(timeout=args.rank_timeout, split=split)
 
 
