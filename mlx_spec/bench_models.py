@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map
 
 from .drafters.base import Draft
@@ -190,16 +189,9 @@ def mlx_lm_recurrence(model) -> None:
     """Give a loaded target's Gated DeltaNet mixers back their mlx-lm class (mlx-lm's `gated_delta_ops`
     loop off Metal): the "before" of kernels.patch_recurrence, for a side-by-side row. Before any prompt cache
     is made (recording mixers subclass whatever class a mixer has then)."""
-    from .kernels import RECURRENCE_SWAPS
+    from .kernels import RECURRENCE_SWAPS, swap_classes
 
-    mlx_lm_class = {ours: base for base, ours in RECURRENCE_SWAPS.items()}
-    for _, layer in model.target.model.named_modules():
-        for name, child in list(layer.children().items()):
-            if isinstance(child, nn.Module) and type(child) in mlx_lm_class:
-                new = mlx_lm_class[type(child)].__new__(mlx_lm_class[type(child)])
-                new.__dict__.update(child.__dict__)
-                dict.update(new, child)
-                layer.update_modules({name: new})
+    swap_classes(model.target.model, {ours: base for base, ours in RECURRENCE_SWAPS.items()})
 
 
 def rollback_bench(workdir: Path, block: int = 8, tokens: int = 64, repeats: int = 3,

@@ -345,10 +345,17 @@ def patch_recurrence(model: nn.Module) -> nn.Module:
     bit-identical to mlx-lm's `gated_delta_ops`; other backends keep mlx-lm's call). Applied on every
     backend, with or without kernels; the recording mixers of engine/recurrent.py subclass these in turn.
     Returns the model."""
+    return swap_classes(model, RECURRENCE_SWAPS)
+
+
+def swap_classes(model: nn.Module, classes: dict) -> nn.Module:
+    """Every child module whose exact class is a key of `classes` becomes an instance of its value, with the
+    same parameters, children and attributes (in place). Returns the model."""
     for _, layer in model.named_modules():
         for name, child in list(layer.children().items()):
-            if isinstance(child, nn.Module) and type(child) in RECURRENCE_SWAPS:
-                new = RECURRENCE_SWAPS[type(child)].__new__(RECURRENCE_SWAPS[type(child)])
+            if isinstance(child, nn.Module) and type(child) in classes:
+                cls = classes[type(child)]
+                new = cls.__new__(cls)
                 new.__dict__.update(child.__dict__)
                 dict.update(new, child)
                 layer.update_modules({name: new})

@@ -58,7 +58,7 @@ def test_twin_is_not_merely_close():
     equal) differs in the last bits, and `_same` sees it."""
     q, k, v, g, beta, s = _inputs(1, 8, 4, 8, 32, 32, mx.float32, seed=0)
     y0, s0 = gd.gated_delta_ops(q, k, v, g, beta, s)
-    kr, qr = mx.repeat(k, 2, -2), mx.repeat(q, 2, -2)
+    kr = mx.repeat(k, 2, -2)
     st = s
     for t in range(8):  # g*(s) + k*delta with the decay folded into kv_mem: (s @ k) * g instead of (s * g) @ k
         kv = (st * kr[:, t][..., None, :]).sum(-1) * g[:, t][..., None]

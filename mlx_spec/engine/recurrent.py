@@ -170,7 +170,7 @@ def replay_mixers(mixers: dict[int, nn.Module], cache_lists: list[list], n: int,
             if row is None:
                 return False
             rows.append(row)
-        x, batch = args[first], args[first].shape[0]
+        batch = args[first].shape[0]
         if rows != list(range(batch)):  # a subset of the pass's rows; per-row arguments (bailing's rope
             pick = mx.array(rows)       # offsets, one per row) follow their rows
             for name, a in list(args.items())[1:]:
