@@ -84,8 +84,9 @@ def test_chat_across_ranks_as_one_process_then_a_killed_follower_is_a_clear_mess
     assert int(re.search(r"\((\d+) cached\)", second).group(1)) > 20  # every rank reused its cache
     t.send("/regen")
     t.send("/set max_tokens 400")
-    t.type("now a very long story")
-    t.wait(lambda s: s.rstrip().partition(">>> now a very long story\n")[2].strip(), what="the reply to start")
+    long = "write a long python module with many functions"  # the embedded model's reply runs to 400 tokens
+    t.type(long)  # (a short one can end before the Ctrl-C on a quiet machine)
+    t.wait(lambda s: s.rstrip().partition(f">>> {long}\n")[2].strip(), what="the reply to start")
     t.keys("C-c")  # stops every rank after the same round
     t.ready(timeout=20)
     assert last_stats(t.screen()).endswith("· stopped")
