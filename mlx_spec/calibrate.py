@@ -109,12 +109,12 @@ def _verify_pass(model, pc, ids: list[int]):
 def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -> CostCurve:
     """Time the target over M = 1..max_width new tokens after `context` cached ones, the drafter,
     and whole loop rounds with k = 0..max_width-1 drafts."""
-    from .engine.cache import PromptCache
     from .engine.sampling import Sampler, SamplingParams
+    from .generate import make_prompt_cache
 
     vocab = model.vocab_size
     ids = [(i * 7919) % vocab for i in range(context)]
-    pc = PromptCache(model.model, model.drafter, **model.kv_cache)
+    pc = make_prompt_cache(model)
     logits, hidden = model.target(mx.array([ids]), pc.cache)
     pc.add(ids, hidden)
     mx.eval(logits)
@@ -175,11 +175,12 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     """[rows, width, seconds] of batched target passes (each row its own cache, as the loop verifies a batch),
     for widths up to max_width; the shapes take turns within each repetition. [] where caches cannot batch."""
     from .engine.batch import batch_caches, can_batch
-    from .engine.cache import PromptCache, trim
+    from .engine.cache import trim
     from .engine.rollback import batchable
+    from .generate import make_prompt_cache
 
     vocab, top = model.vocab_size, max(rows)
-    pcs = [PromptCache(model.model, model.drafter, **model.kv_cache) for _ in range(top)]
+    pcs = [make_prompt_cache(model) for _ in range(top)]
     if not can_batch([pc.cache for pc in pcs]) or not batchable(model.target.model):  # the loop verifies alone
         return []
     for r, pc in enumerate(pcs):  # different contexts per row, as in a real batch
@@ -205,11 +206,11 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
 def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> list[dict]:
     """What long prompts cost: prefill seconds per token, and one synchronous verify pass over 1 and
     over `width` tokens, after `context` cached tokens (a context past the model's length is cut to fit)."""
-    from .engine.cache import PromptCache
+    from .generate import make_prompt_cache
 
     vocab, out = model.vocab_size, []
     for context in sorted({min(c, model.context_length - width - 1) for c in contexts if c > 0}):
-        pc = PromptCache(model.model, model.drafter, **model.kv_cache)
+        pc = make_prompt_cache(model)
         ids = [(i * 7919) % vocab for i in range(context)]
         tic = time.perf_counter()
         for i in range(0, context, 512):  # chunked, as prefill runs

@@ -31,6 +31,7 @@ from mlx_spec.metal_kernels import gated_delta_verify as _gdv
 from mlx_spec.metal_kernels import qmm_mma as _mma
 from mlx_spec.metal_kernels import qmm_rows as _rows
 from mlx_spec.metal_kernels import verify_attention as _attn
+from mlx_spec.target import retyped
 
 DEFAULT_CACHE = Path.home() / ".cache" / "mlx-spec" / "kernels.json"
 _TOL = {mx.float32: 1e-3, mx.float16: 1e-2, mx.bfloat16: 3e-2}
@@ -282,10 +283,7 @@ SWAPS = {
 
 
 def _substitute(cls, layer, config):
-    # same parameters, children and attributes, our class: a copy, not a patch of mlx's
-    new = cls.__new__(cls)
-    new.__dict__.update(layer.__dict__)
-    dict.update(new, layer)
+    new = retyped(layer, cls)
     new._kernel_config = config
     return new
 
@@ -354,9 +352,5 @@ def swap_classes(model: nn.Module, classes: dict) -> nn.Module:
     for _, layer in model.named_modules():
         for name, child in list(layer.children().items()):
             if isinstance(child, nn.Module) and type(child) in classes:
-                cls = classes[type(child)]
-                new = cls.__new__(cls)
-                new.__dict__.update(child.__dict__)
-                dict.update(new, child)
-                layer.update_modules({name: new})
+                layer.update_modules({name: retyped(child, classes[type(child)])})
     return model

@@ -22,6 +22,15 @@ class _Sink:
         self.values: list[mx.array] = []
 
 
+def retyped(module: nn.Module, cls: type) -> nn.Module:
+    """`module` as an instance of `cls` (a subclass of its class, or back): the same parameters, children and
+    attributes, to be put in the model's place of it; mlx-lm's classes are never patched."""
+    new = cls.__new__(cls)
+    new.__dict__.update(module.__dict__)
+    dict.update(new, module)
+    return new
+
+
 class LayerWrapper(nn.Module):
     """A module standing in for a decoder layer in the model's own list; mlx-lm code inspects layers
     (e.g. `layer.is_linear`, `layer.self_attn`), so attributes it lacks are the wrapped layer's."""

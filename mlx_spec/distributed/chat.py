@@ -22,7 +22,7 @@ from dataclasses import replace
 from ..app.chat.session import Session as ChatSession
 from ..engine.sampling import GREEDY_BELOW
 from ..errors import MlxSpecError
-from .serve import share_object
+from .serve import dismiss, share_object
 from .session import DistributedError, Session
 
 log = logging.getLogger("mlx_spec.chat")
@@ -108,11 +108,7 @@ class RootSession(ChatSession):
     def shutdown(self) -> None:
         """Tell the followers to exit (the chat is leaving)."""
         if not self.broken:
-            try:
-                with self.dist.guard("leaving"):
-                    share_object(self.dist, ("exit",))
-            except DistributedError:
-                pass
+            dismiss(self.dist, "leaving")
 
 
 def follow(dist: Session, model, tokenizer) -> int:

@@ -35,6 +35,15 @@ def share_object(session: Session, obj=None):
     return pickle.loads(bytes(from_root(buf, (n,), mx.uint8, session.group).tolist()))
 
 
+def dismiss(session: Session, what: str) -> None:
+    """Rank 0, leaving: tell the followers to exit (one already gone changes nothing: rank 0 leaves too)."""
+    try:
+        with session.guard(what):
+            share_object(session, ("exit",))
+    except DistributedError:
+        pass
+
+
 class _Mirror:
     """A follower's copy of a request: what `Backend` reads and writes on a Sequence."""
 
@@ -103,11 +112,7 @@ class DistributedBackend(Backend):
     def shutdown(self) -> None:
         """Rank 0: tell the followers to exit."""
         if not self.broken:
-            try:
-                with self.session.guard("shutdown"):
-                    share_object(self.session, ("exit",))
-            except DistributedError:
-                pass
+            dismiss(self.session, "shutdown")
 
     # -- the other ranks -------------------------------------------------------------------------
 

@@ -22,6 +22,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import ArraysCache
 
+from ..target import retyped
+
 
 class RecurrentCache(ArraysCache):
     """An ArraysCache (or MambaCache) that remembers its state from before the latest update."""
@@ -102,13 +104,6 @@ def _recording_class(cls: type) -> type:
     return sub
 
 
-def _substitute(module: nn.Module) -> nn.Module:
-    new = _recording_class(type(module)).__new__(_recording_class(type(module)))
-    new.__dict__.update(module.__dict__)
-    dict.update(new, module)
-    return new
-
-
 def recurrent_mixers(model, layers: list, caches: list) -> dict[int, nn.Module] | None:
     """For each layer whose cache is a RecurrentCache, the one child module that takes the cache (the
     mixer), made a recording one; None when the layout is not that simple (caches not one per layer, a
@@ -142,7 +137,7 @@ def recurrent_mixers(model, layers: list, caches: list) -> dict[int, nn.Module] 
             break
         name, mixer = takes[0]
         if not hasattr(type(mixer), "_spec_base"):
-            mixer = _substitute(mixer)
+            mixer = retyped(mixer, _recording_class(type(mixer)))
             layer.update_modules({name: mixer})
         out[i] = mixer
     object.__setattr__(model, "_spec_mixers", out)
