@@ -96,13 +96,14 @@ def test_load_kv_bits_serves_every_entry_point(models_dir, tokenizer_dir):
     model, tok = mlx_spec.load(str(target), drafter=str(drafter), mode="dflash", **KV)
     assert any(isinstance(c, QuantizedKVCache) for c in mlx_spec.make_prompt_cache(model).cache)
     out = []
-    for r in mlx_spec.stream_generate(model, tok, PROMPT, max_tokens=16):
+    for r in mlx_spec.stream_generate(model, tok, PROMPT, max_tokens=16, block_size=4):  # (fixed: it drafts)
         out += r.tokens
     assert out == ref[: len(out)] and r.spec.drafted > 0
-    s = RunningServer(ServerConfig(model=ModelConfig(target=str(target), drafter=str(drafter), mode="dflash", **KV)))
+    s = RunningServer(ServerConfig(model=ModelConfig(target=str(target), drafter=str(drafter), mode="dflash",
+                                                     block_size=4, **KV)))
     try:
         got = s.client().completions.create(model="x", prompt=PROMPT, max_tokens=16, temperature=0, logit_bias=EOS_BIAS)
-        plain_q = mlx_spec.generate(model, tok, PROMPT, max_tokens=16, logit_bias={0: -100, 2: -100})
+        plain_q = mlx_spec.generate(model, tok, PROMPT, max_tokens=16, block_size=4, logit_bias={0: -100, 2: -100})
         assert got.choices[0].text == plain_q
         assert s.state.scheduler.backend.model.kv_cache == KV
     finally:
