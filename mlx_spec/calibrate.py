@@ -24,6 +24,7 @@ class CostCurve:
     draft: list[float]  # seconds for a drafter pass producing k = 1, 2, ... drafts (index k-1)
     rounds: list[float] = field(default_factory=list)  # seconds for a whole loop round with k = 0, 1, ... drafts
     batch: list[list[float]] = field(default_factory=list)  # [rows, width, seconds]: a batched target pass
+    draft_batch: list[list[float]] = field(default_factory=list)  # [rows, k, seconds]: one drafter pass for rows
 
     @property
     def max_drafts(self) -> int:
@@ -41,19 +42,31 @@ class CostCurve:
         passes, interpolated in width and rows; without them, one row of rows * width tokens."""
         if rows == 1:
             return _along(self.verify, width)
-        by_rows: dict[int, dict[int, float]] = {}
-        for b, w, t in self.batch:
-            by_rows.setdefault(int(b), {})[int(w)] = t
-        if not by_rows:
+        if not self.batch:
             return _along(self.verify, rows * width)
-        ladder = {1: {w: t for w, t in enumerate(self.verify, 1)}, **by_rows}
-        known = sorted(ladder)
-        lo = max([b for b in known if b <= rows], default=known[0])
-        hi = min([b for b in known if b > rows], default=None)
-        if hi is None:  # past the widest measured batch: extrapolate from the last two
-            lo, hi = (known[-2], known[-1]) if len(known) > 1 else (known[-1], known[-1])
-        t_lo, t_hi = _interp(ladder[lo], width), _interp(ladder[hi], width)
-        return t_lo if hi == lo else t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo)
+        return self._at("batch", self.batch, self.verify, rows, width)
+
+    def draft_time(self, rows: int, k: int) -> float:
+        """Seconds to draft k tokens for each of `rows` requests: one batched drafter pass where those
+        were measured (a drafter that batches), else one pass per request."""
+        if rows <= 1 or not self.draft_batch:
+            return rows * self.draft[min(k, len(self.draft)) - 1] if rows and k else 0.0
+        return self._at("draft", self.draft_batch, self.draft, rows, k)
+
+    def _at(self, name: str, measured: list, one_row: list, rows: int, x: int) -> float:
+        """`_grid` over measured points and the one-row times, remembered per (rows, x) until the lists
+        change: the controller asks for the same costs many times a round."""
+        memo = self.__dict__.setdefault("_memo", {})
+        key = (id(measured), len(measured), id(one_row), len(one_row))
+        if memo.get(name, (None,))[0] != key:
+            ladder: dict[int, dict[int, float]] = {1: {i: t for i, t in enumerate(one_row, 1)}}
+            for b, w, t in measured:
+                ladder.setdefault(int(b), {})[int(w)] = t
+            memo[name] = (key, ladder, {})
+        _, ladder, seen = memo[name]
+        if (rows, x) not in seen:
+            seen[(rows, x)] = _grid(ladder, rows, x)
+        return seen[(rows, x)]
 
     def ratios(self) -> list[float]:
         return [t / self.verify[0] for t in self.verify]
@@ -61,6 +74,18 @@ class CostCurve:
     def round_ratios(self) -> list[float]:
         """Measured round cost with k = 0, 1, ... drafts, in plain decoding steps."""
         return [t / self.rounds[0] for t in self.rounds]
+
+
+def _grid(ladder: dict[int, dict[int, float]], rows: int, x: int) -> float:
+    """Seconds at (rows, x) from {rows: {x: seconds}}: interpolated in x within a row count, then in
+    rows; extrapolated past the most rows measured."""
+    known = sorted(ladder)
+    lo = max([b for b in known if b <= rows], default=known[0])
+    hi = min([b for b in known if b > rows], default=None)
+    if hi is None:  # past the widest measured batch: extrapolate from the last two
+        lo, hi = (known[-2], known[-1]) if len(known) > 1 else (known[-1], known[-1])
+    t_lo, t_hi = _interp(ladder[lo], x), _interp(ladder[hi], x)
+    return t_lo if hi == lo else t_lo + (t_hi - t_lo) * (rows - lo) / (hi - lo)
 
 
 def _along(times: list[float], n: int) -> float:
@@ -203,6 +228,30 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     return [[b, w, min(times[(b, w)])] for b, w in shapes]
 
 
+def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, repeats: int = 3) -> list[list[float]]:
+    """[rows, k, seconds] of one drafter pass drafting k tokens for each of `rows` requests (each its own
+    context); [] for a drafter that drafts one request at a time."""
+    from .engine.sampling import Sampler, SamplingParams
+    from .generate import make_prompt_cache
+
+    drafter, vocab = model.drafter, model.vocab_size
+    if getattr(drafter, "propose_batch", None) is None:
+        return []
+    states = []
+    for r in range(max(rows)):  # contexts of different lengths, as in a real batch
+        pc, ids = make_prompt_cache(model), [(i * 7919 + r * 31) % vocab for i in range(context + 3 * r)]
+        out, hidden = model.target(mx.array([ids]), pc.cache)
+        pc.add(ids, hidden)
+        mx.eval(out)
+        states.append(pc.drafter_state())
+    greedy = Sampler(SamplingParams(), vocab).drafting(0)
+    shapes = [(b, k) for b in rows for k in sorted({1, 2, 3, 5, max_k}) if k <= max_k]
+
+    def run(b, k):
+        return lambda: mx.eval([d.tokens for d in drafter.propose_batch(states[:b], [1] * b, [k] * b, [greedy] * b)])
+    return [[b, k, _timed(run(b, k), repeats)] for b, k in shapes]
+
+
 def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> list[dict]:
     """What long prompts cost: prefill seconds per token, and one synchronous verify pass over 1 and
     over `width` tokens, after `context` cached tokens (a context past the model's length is cut to fit)."""
@@ -247,12 +296,15 @@ def calibrated_curve(model, max_width: int, refresh: bool = False, batch_rows: i
             curve = None
     rows = [b for b in (2, 4, 8, 16, 32, 64) if b <= max(batch_rows, 2)] if batch_rows > 1 else []
     have = {int(b) for b, _, _ in curve.batch} if curve is not None else set()
-    if curve is not None and set(rows) <= have:
+    drafts = {int(b) for b, _, _ in curve.draft_batch} if curve is not None else set()
+    batches_drafts = getattr(model.drafter, "propose_batch", None) is not None
+    if curve is not None and set(rows) <= have and (set(rows) <= drafts or not batches_drafts):
         return curve
     if curve is None:
         curve = measure_curve(model, max_width)
     if rows:
         curve.batch = measure_batch(model, rows, max_width) or curve.batch
+        curve.draft_batch = measure_draft_batch(model, rows, max_width - 1)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(curve)))
     return curve

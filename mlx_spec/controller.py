@@ -177,10 +177,10 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05, probe_ev
     """Draft lengths for one batched verify pass, from the batch's width and each request's own acceptance.
 
     Every block is padded to the widest, so the pass costs `curve.batch_time(rows, W)` whoever
-    drafts: for each width W the requests whose expected gain, E[tokens | W-1] - 1, is worth their
-    drafter pass at the batch's rate draft W-1 tokens, the others run plain in the same pass; the
-    W with the most expected tokens per second wins, and drafting must beat an all-plain pass by
-    `margin`. Requests with fixed draft lengths (`FixedLength`) keep theirs. The batch's measured
+    drafts, and the drafting requests share one drafter pass, `curve.draft_time(m, W-1)`: for each
+    width W the m requests with the most expected gain, E[tokens | W-1] - 1, draft W-1 tokens, m
+    chosen for the most expected tokens per second, the others run plain in the same pass; the W
+    with the most wins, and drafting must beat an all-plain pass by `margin`. Requests with fixed draft lengths (`FixedLength`) keep theirs. The batch's measured
     round times rescale the batch costs (plain and drafting passes apart), as `AdaptiveLength`
     does for one request. After `probe_every` batched rounds in a row where nobody drafted, every
     request drafts one token once, so that estimates gone stale (or a new request's prior) are
@@ -201,21 +201,21 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05, probe_ev
 
     def option(width):
         """(expected tokens per second, k per adaptive request) for a pass `width` wide."""
-        cost = curve.batch_time(b, width) * scale[width > 1]
-        tokens, ks = fixed_tokens + len(adaptive), {id(s): 0 for s in adaptive}
-        offers = []
-        for s in adaptive:
-            k = min(width - 1, caps[id(s)])
-            if k:
-                gain, dcost = expected_tokens(gains[id(s)], k) - 1, curve.draft[k - 1] * scale[1]
-                offers.append((gain / dcost, gain, dcost, s, k))
-        for _, gain, dcost, s, k in sorted(offers, key=lambda o: -o[0]):  # best value first, while it pays
-            if (tokens + gain) / (cost + dcost) <= tokens / cost:
-                break
-            tokens, cost, ks[id(s)] = tokens + gain, cost + dcost, k
-        if width > 1 and not any(ks.values()) and floor < width:
+        cost, tokens = curve.batch_time(b, width) * scale[width > 1], fixed_tokens + len(adaptive)
+        offers = [(expected_tokens(gains[id(s)], min(width - 1, caps[id(s)])) - 1, i)
+                  for i, s in enumerate(adaptive) if min(width - 1, caps[id(s)])]
+        offers.sort(key=lambda o: -o[0])  # the most expected gain first
+        best_rate, best_m, gain = tokens / cost, 0, 0.0
+        for m, (g, _) in enumerate(offers, 1):
+            gain += g
+            rate = (tokens + gain) / (cost + curve.draft_time(m, width - 1) * scale[1])
+            if rate > best_rate:
+                best_rate, best_m = rate, m
+        chosen = {i for _, i in offers[:best_m]}
+        ks = {id(s): min(width - 1, caps[id(s)]) if i in chosen else 0 for i, s in enumerate(adaptive)}
+        if width > 1 and not chosen and floor < width:
             return 0.0, ks  # nobody drafts: a wider pass would be padding only
-        return tokens / cost / (1 + margin if width > 1 and width > floor else 1), ks
+        return best_rate / (1 + margin if width > 1 and width > floor else 1), ks
 
     rate, ks, width = max((option(w) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))
     if memory is not None and top > 1:
@@ -223,7 +223,7 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05, probe_ev
         if memory.batch_off >= probe_every:  # a probe: one token each, a pass two wide
             memory.batch_off, width = 0, 2
             ks = {id(s): min(1, caps[id(s)]) for s in adaptive}
-    predicted = curve.batch_time(b, width) + sum(curve.draft[k - 1] for k in ks.values() if k)
+    predicted = curve.batch_time(b, width) + curve.draft_time(sum(1 for k in ks.values() if k), width - 1)
     _time_batch(memory, b, width > 1, predicted, follow)
     for s in adaptive:
         s.k = ks[id(s)]

@@ -115,11 +115,12 @@ class DFlashAttention(nn.Module):
         k = self.rope(self.k_norm(self._heads(self.k_proj(ctx), self.n_kv_heads)), offset=offset)
         return k, self._heads(self.v_proj(ctx), self.n_kv_heads)
 
-    def __call__(self, x, ctx_kv, start, window: int | None, causal: bool, ctx_mask=None):
-        """x: [n, L, H] blocks starting at `start` (int, or [n] array when training many blocks).
-
-        ctx_kv: context keys/values for batch 1 (shared by all blocks); ctx_mask: optional
-        [n, 1, 1, S] visibility of context rows per block (training: rows before each anchor).
+    def __call__(self, x, ctx_kv, start, window: int | None, causal: bool, ctx_mask=None, slot_mask=None):
+        """x: [n, L, H] blocks starting at `start` (int, or [n] array: many blocks, each at its own place).
+        ctx_kv: context keys/values, batch 1 (shared by all blocks) or n; ctx_mask: optional
+        [n, 1, 1, S] visibility of context rows per block (training: rows before each anchor; batched
+        drafting: each request's own rows); slot_mask: optional [n, 1, 1, L] visibility of block slots
+        (batched drafting: the padding past a shorter block is hidden, so its rows come out as alone).
         """
         n, L, _ = x.shape
         q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
@@ -135,11 +136,14 @@ class DFlashAttention(nn.Module):
                 ck, cv = (mx.broadcast_to(a, (n,) + a.shape[1:]) for a in (ck, cv))
             k, v = mx.concatenate([ck, k], axis=2), mx.concatenate([cv, v], axis=2)
         mask = None
-        if causal or ctx_mask is not None:
+        if causal or ctx_mask is not None or slot_mask is not None:
             block = mx.arange(L)[None] <= mx.arange(L)[:, None] if causal else mx.ones((L, L), mx.bool_)
+            if slot_mask is not None:
+                block = block & slot_mask
             ctx = ctx_mask if ctx_mask is not None else mx.ones((1, 1, 1, n_ctx), mx.bool_)
-            mask = mx.concatenate([mx.broadcast_to(ctx, (ctx.shape[0], 1, L, n_ctx)),
-                                   mx.broadcast_to(block, (ctx.shape[0], 1, L, L))], axis=-1)
+            rows = max(ctx.shape[0], block.shape[0] if block.ndim == 4 else 1)
+            mask = mx.concatenate([mx.broadcast_to(ctx, (rows, 1, L, n_ctx)),
+                                   mx.broadcast_to(block, (rows, 1, L, L))], axis=-1)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(n, L, -1))
 
@@ -152,8 +156,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None):
-        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, start, window, causal, ctx_mask)
+    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None, slot_mask=None):
+        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, start, window, causal, ctx_mask, slot_mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -208,28 +212,62 @@ class DFlashDrafter(nn.Module):
         for layer, cache in zip(self.layers, state.caches):
             cache.update_and_fetch(*layer.self_attn.context_kv(ctx, cache.offset))
 
+    first_slot = 1  # the anchor's row is never a draft: skipped before the LM head (vocab-wide, the costliest part)
+
     def propose(self, state: DFlashState, anchor: int, k: int, sampling) -> Draft:
-        # the anchor's row is never a draft: skip it before the LM head (vocab-wide, the costliest part)
-        logits = self.head_logits(self.block_hidden(state, anchor, k + 1)[0, 1:])
+        h = self.block_hidden(state, anchor, self.slots(k))[0, self.first_slot :]
+        return self.draft_from(h, self.slot_logits(h), anchor, k, sampling)
+
+    def propose_batch(self, states: list, anchors: list[int], ks: list[int], samplings: list) -> list[Draft]:
+        """Several requests' drafts from one drafter pass and one LM-head product (each block over its
+        own context): what a batched verify round needs, for little more than one request's pass."""
+        sizes = [self.slots(k) - self.first_slot for k in ks]
+        h = self.blocks_hidden(states, anchors, [n + self.first_slot for n in sizes])[:, self.first_slot :]
+        logits = self.slot_logits(h)
+        return [self.draft_from(h[i, :n], logits[i, :n], a, k, s)
+                for i, (n, a, k, s) in enumerate(zip(sizes, anchors, ks, samplings))]
+
+    # --- the model ---------------------------------------------------------------
+    def slots(self, k: int) -> int:
+        """Block slots a draft of k tokens needs: the anchor's, then one per draft."""
+        return k + 1
+
+    def slot_logits(self, h: mx.array) -> mx.array:
+        return self.head_logits(h)
+
+    def draft_from(self, h: mx.array, logits: mx.array, anchor: int, k: int, sampling) -> Draft:
+        """The draft from one block's drafting rows: their final hidden states h and logits [k, V]."""
         if sampling.greedy:
             return Draft(logits.argmax(-1).astype(mx.int32))
         q = sampling.probs(logits)
         return Draft(sampling.draw(q), q)
 
-    # --- the model ---------------------------------------------------------------
+    def embed_block(self, ids: mx.array) -> mx.array:
+        h = self._target.embed(ids)
+        return h * self.config.input_embedding_scale if self.config.input_embedding_scale != 1.0 else h
+
     def block_logits(self, state: DFlashState, anchor: int, n_slots: int) -> mx.array:
         return self.head_logits(self.block_hidden(state, anchor, n_slots))
 
     def block_hidden(self, state: DFlashState, anchor: int, n_slots: int) -> mx.array:
         """The block's rows after the final norm (what the LM head reads)."""
-        cfg, target = self.config, self._target
-        ids = mx.array([[anchor] + [cfg.mask_token_id] * (n_slots - 1)])
-        h = target.embed(ids)
-        if cfg.input_embedding_scale != 1.0:
-            h = h * cfg.input_embedding_scale
+        cfg = self.config
+        h = self.embed_block(mx.array([[anchor] + [cfg.mask_token_id] * (n_slots - 1)]))
         start = state.offset
         for i, layer in enumerate(self.layers):
             h = layer(h, state.kv(i), start, cfg.window(i), cfg.causal(i))
+        return self.norm(h)
+
+    def blocks_hidden(self, states: list, anchors: list[int], sizes: list[int]) -> mx.array:
+        """`block_hidden` of several requests in one pass, [n, max(sizes), H]: each block at its own
+        position over its own context rows (padded to the longest, masked), its padding slots hidden."""
+        cfg, width = self.config, max(sizes)
+        h = self.embed_block(mx.array([[a] + [cfg.mask_token_id] * (width - 1) for a in anchors]))
+        starts = mx.array([s.offset for s in states])
+        slot_mask = (mx.arange(width)[None] < mx.array(sizes)[:, None])[:, None, None]
+        for i, layer in enumerate(self.layers):
+            ctx_kv, ctx_mask = padded_context([s.kv(i) for s in states], cfg.window(i))
+            h = layer(h, ctx_kv, starts, None, cfg.causal(i), ctx_mask, slot_mask)
         return self.norm(h)
 
     def head_logits(self, h: mx.array) -> mx.array:
@@ -250,6 +288,26 @@ class DFlashDrafter(nn.Module):
                     k = new + k[len(old):]
             out[k] = v
         return out
+
+
+def padded_context(kvs: list, window: int | None):
+    """Requests' context keys/values [1, heads, S_i, D] ((None, None) where empty), each cut to its
+    window, right-padded to the longest and stacked, with the [n, 1, 1, S] mask of each one's own rows."""
+    if window is not None:
+        kvs = [(k[:, :, -(window - 1):], v[:, :, -(window - 1):]) if k is not None else (k, v) for k, v in kvs]
+    lengths = [0 if k is None else k.shape[2] for k, _ in kvs]
+    longest = max(lengths)
+    if not longest:
+        return (None, None), None
+    like = next(k for k, _ in kvs if k is not None)
+
+    def pad(a):
+        n = 0 if a is None else a.shape[2]
+        fill = mx.zeros(like.shape[:2] + (longest - n,) + like.shape[3:], like.dtype)
+        return fill if a is None else a if n == longest else mx.concatenate([a, fill], axis=2)
+
+    keys, values = (mx.concatenate([pad(kv[j]) for kv in kvs]) for j in (0, 1))
+    return (keys, values), (mx.arange(longest)[None] < mx.array(lengths)[:, None])[:, None, None]
 
 
 def detect_kind(cfg: dict, weight_names: set[str]) -> str:

@@ -78,10 +78,10 @@ class DFlash2Layer(DFlashLayer):
         self.attention_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
         self.mlp_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
 
-    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None):
+    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None, slot_mask=None):
         n = self.input_layernorm(x)
         d = self.attention_conv.kernels(n)
-        a = self.self_attn(self.attention_conv(n, d, 0), ctx_kv, start, window, causal, ctx_mask)
+        a = self.self_attn(self.attention_conv(n, d, 0), ctx_kv, start, window, causal, ctx_mask, slot_mask)
         h = x + self.attention_conv(a, d, 1)
         n = self.post_attention_layernorm(h)
         d = self.mlp_conv.kernels(n)
@@ -128,9 +128,8 @@ class DFlash2Drafter(DFlashDrafter):
         self.layers = [DFlash2Layer(cfg) for _ in range(cfg.num_hidden_layers)]
         self.candidate_selector = CandidateSelector(cfg)
 
-    def propose(self, state, anchor: int, k: int, sampling) -> Draft:
-        h = self.block_hidden(state, anchor, k + 1)[0, 1:]
-        return self.candidate_selector.walk(h, self.head_logits(h), anchor, sampling)
+    def draft_from(self, h: mx.array, logits: mx.array, anchor: int, k: int, sampling) -> Draft:
+        return self.candidate_selector.walk(h, logits, anchor, sampling)
 
     def sanitize(self, weights: dict) -> dict:
         out = super().sanitize(weights)

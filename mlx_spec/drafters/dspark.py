@@ -101,10 +101,18 @@ class DSparkDrafter(DFlashDrafter):
     def block_size(self) -> int:  # verify width: the anchor plus every slot's draft
         return self.max_drafts + 1
 
-    def propose(self, state, anchor: int, k: int, sampling) -> Draft:
+    @property
+    def first_slot(self) -> int:
+        return self.logits_start
+
+    def slots(self, k: int) -> int:
+        return min(k, self.max_drafts) + self.logits_start
+
+    def slot_logits(self, h: mx.array) -> mx.array:  # its own LM head, not the target's
+        return self.lm_head(h).astype(mx.float32)
+
+    def draft_from(self, h: mx.array, base: mx.array, anchor: int, k: int, sampling) -> Draft:
         k = min(k, self.max_drafts)
-        h = self.block_hidden(state, anchor, k + self.logits_start)[0, self.logits_start :]  # [k, H]
-        base = self.lm_head(h).astype(mx.float32)
         head = self.markov_head
         prev, tokens, qs, conf, s = mx.array([anchor]), [], [], [], head.start()
         for j in range(k):
@@ -131,13 +139,8 @@ class DSparkDrafter(DFlashDrafter):
         score = (c if self.rule == "step" else mx.cumprod(c)).tolist()
         return next((i for i, s in enumerate(score) if s < self.threshold), len(score))
 
-    def block_hidden(self, state, anchor: int, n_slots: int) -> mx.array:
-        cfg = self.config
-        ids = mx.array([[anchor] + [cfg.mask_token_id] * (n_slots - 1)])
-        h = self.embed_tokens(ids) * self.embed_scale
-        for i, layer in enumerate(self.layers):
-            h = layer(h, state.kv(i), state.offset, cfg.window(i), cfg.causal(i))
-        return self.norm(h)
+    def embed_block(self, ids: mx.array) -> mx.array:  # DSpark drafters carry their own embedding
+        return self.embed_tokens(ids) * self.embed_scale
 
 
 def load_dspark(path: Path, target, target_config: dict) -> DSparkDrafter:

@@ -94,7 +94,7 @@ def step(target, drafter, states: list[DecodeState]) -> list[Round]:
         settle(s)
     if len(states) > 1:  # one pass for all: the lengths are planned together, from the batch's width
         plan_batch(states)
-    proposals = [draft(drafter, s) for s in states]
+    proposals = draft(drafter, states)
     logits, hidden, width = verify(target, states, proposals)
     rounds = []
     for i, (s, p) in enumerate(zip(states, proposals)):
@@ -115,12 +115,17 @@ def plan(s: DecodeState, budget: int | None = None) -> int:
     return s.k
 
 
-def draft(drafter, s: DecodeState) -> Draft:
-    if drafter is None or s.k == 0:
-        return Draft(mx.zeros((0,), mx.int32))
-    proposal = drafter.propose(s.pc.drafter_state(), s.anchor, s.k, s.sampler.drafting(len(s.pc.tokens) + 1))
-    mx.async_eval(proposal.tokens)  # the drafter runs while the host builds the verify pass
-    return proposal
+def draft(drafter, states: list[DecodeState]) -> list[Draft]:
+    """Each request's drafts (none where k = 0); requests drafting together share one drafter pass
+    where the drafter can batch them."""
+    drafting = [drafter is not None and bool(s.k) for s in states]
+    args = [(s.pc.drafter_state(), s.anchor, s.k, s.sampler.drafting(len(s.pc.tokens) + 1))
+            for s, d in zip(states, drafting) if d]
+    batched = getattr(drafter, "propose_batch", None) if len(args) > 1 else None
+    made = iter(batched(*map(list, zip(*args))) if batched else [drafter.propose(*a) for a in args])
+    proposals = [next(made) if d else Draft(mx.zeros((0,), mx.int32)) for d in drafting]
+    mx.async_eval([p.tokens for p in proposals])  # the drafter runs while the host builds the verify pass
+    return proposals
 
 
 def verify(target, states: list[DecodeState], proposals: list[Draft]):
