@@ -44,6 +44,7 @@ class ControllerConfig:
     decay: float = 0.95  # per drafting round: the estimates follow the text
     probe_every: int = 48  # plain rounds before a probe; doubles while probes find nothing...
     first_probe: int = 4  # ...but a request that starts off (its predecessor's estimates) probes this soon
+    fresh_probes: int = 3  # (batched: and as often again, until it has this many drafting rounds of its own)
     max_probe_every: int = 512  # ...up to this
     hopeful: float = 0.9  # no probes where even this acceptance at every position would not pay
     margin: float = 0.05  # drafting must beat plain by this: the cost model's error
@@ -103,6 +104,7 @@ class AdaptiveLength:
         self._tick: float | None = None
         self._last_k: int | None = None
         self._probe_left = 0  # a probe is two k = 1 rounds: the second is steady, so it times drafting too
+        self.judged, self.batch_off = 0, 0  # drafting rounds of its own; batched rounds plain since the last
 
     def estimates(self) -> list[float]:
         alphas, before, w = [], self.cfg.prior, self.cfg.weight
@@ -136,12 +138,23 @@ class AdaptiveLength:
                 self.interval = min(2 * self.interval, self.cfg.max_probe_every)
         return k
 
+    def probe_in_batch(self) -> bool:
+        """Told to run plain in a batched round: True where it should draft one token instead. A request
+        that starts from its predecessors' estimates (perhaps another kind of text) tests them soon, and
+        again as often, until `fresh_probes` drafting rounds of its own back or refute them."""
+        self.batch_off += 1
+        fresh = self.judged < self.cfg.fresh_probes and self.memory is not None and bool(self.memory.alphas)
+        if fresh and self.batch_off >= self.cfg.first_probe and self.max_k and self.can_pay:
+            self.batch_off = 0
+            return True
+        return False
+
     def update(self, drafted: int, accepted: int) -> None:
         self._time_round(drafted)
         if not drafted:  # a plain round tells nothing about acceptance: keep the estimates as they are
             return
         judged = min(drafted, accepted + 1)  # positions that were actually verified
-        self._choice = None
+        self._choice, self.judged, self.batch_off = None, self.judged + 1, 0
         self.hits = [h * self.cfg.decay for h in self.hits]
         self.trials = [t * self.cfg.decay for t in self.trials]
         for i in range(judged):
@@ -173,19 +186,19 @@ class AdaptiveLength:
 # ----------------------------------------------------------------------------- batched rounds
 
 
-def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05, probe_every: int = 128) -> list[int]:
+def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_every: int = 128) -> list[int]:
     """Draft lengths for one batched verify pass, from the batch's width and each request's own acceptance.
 
     Every block is padded to the widest, so the pass costs `curve.batch_time(rows, W)` whoever
     drafts, and the drafting requests share one drafter pass, `curve.draft_time(m, W-1)`: for each
     width W the m requests with the most expected gain, E[tokens | W-1] - 1, draft W-1 tokens, m
     chosen for the most expected tokens per second, the others run plain in the same pass; the W
-    with the most wins, and drafting must beat an all-plain pass by `margin`. Requests with fixed draft lengths (`FixedLength`) keep theirs. The batch's measured
-    round times rescale the batch costs (plain and drafting passes apart), as `AdaptiveLength`
-    does for one request. After `probe_every` batched rounds in a row where nobody drafted, every
-    request drafts one token once, so that estimates gone stale (or a new request's prior) are
-    tested: a request's own probes would widen the whole pass each time. Sets and returns each
-    state's `k`.
+    with the most wins, and drafting must beat an all-plain pass by `margin`. Requests with fixed
+    draft lengths (`FixedLength`) keep theirs. The batch's measured round times rescale the batch
+    costs (plain and drafting passes apart), as `AdaptiveLength` does for one request. A new request
+    whose estimates are its predecessors' probes soon (`AdaptiveLength.probe_in_batch`: one token in
+    the pass); and after `probe_every` batched rounds in a row where nobody drafted, every request
+    drafts one token once. Sets and returns each state's `k`.
     """
     adaptive = [s for s in states if isinstance(s.lengths, AdaptiveLength)]
     if not adaptive:
@@ -218,6 +231,10 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.05, probe_ev
         return best_rate / (1 + margin if width > 1 and width > floor else 1), ks
 
     rate, ks, width = max((option(w) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))
+    probes = [s for s in adaptive if not ks[id(s)] and caps[id(s)] and s.lengths.probe_in_batch()]
+    for s in probes:  # a new request testing its predecessors' estimates: one token, in this pass
+        ks[id(s)] = 1
+    width = max(width, 2 if probes else 1)
     if memory is not None and top > 1:
         memory.batch_off = memory.batch_off + 1 if width == 1 else 0
         if memory.batch_off >= probe_every:  # a probe: one token each, a pass two wide

@@ -161,3 +161,25 @@ def test_a_request_alone_keeps_its_own_lengths_and_timing(pair):
             break
     assert seen[0][0] > 0 and all(w == d for w, d in seen)  # the drafted lengths are the controller's own
     assert lengths.cost_scale[1] > 1.05  # and its rounds were timed (a batched round's are not: they are the batch's)
+
+
+def test_new_requests_in_a_batch_test_their_predecessors_estimates_soon():
+    """The last requests were text the drafter could not follow; these follow it perfectly. Batched, each
+    new request still probes within a few rounds (one token, in the shared pass), and they ramp up."""
+    memory = ControllerMemory(alphas=[0.02] * 7)
+    c = curve(0.02)
+    states = []
+    for _ in range(4):
+        lengths = AdaptiveLength(c, 7, memory=memory, clock=None)
+        states.append(SimpleNamespace(lengths=lengths, k=None, remaining=1 << 30))
+    plans = []
+    for _ in range(24):
+        for s in states:
+            s.k = s.lengths.next()
+        plans.append(plan_batch(states))
+        for s in states:
+            s.lengths.update(s.k, s.k)  # every draft accepted
+    assert plans[0] == [0] * 4  # off at first: the estimates say the drafts fail
+    first = next(i for i, p in enumerate(plans) if any(p))
+    assert first <= 5 and all(k == 1 for k in plans[first])  # every new request probes one token, soon
+    assert all(k >= 4 for k in plans[-1])  # and, finding the drafts good, they draft long
