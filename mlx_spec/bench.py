@@ -110,6 +110,7 @@ class Sample:
     tau: float = 0.0
     acceptance: list[float] = field(default_factory=list)
     mean_draft: float = 0.0  # drafts per verify round (what the controller chose, for block "auto")
+    cpu_decode_tps: float = 0.0  # per CPU-second of this process: what other jobs on the machine disturb least
 
 
 def plain_kwargs(model) -> dict:
@@ -123,35 +124,38 @@ def run_plain(model, tokenizer, ids: list[int], max_tokens: int, **mlx_lm_kwargs
     import mlx_lm
 
     mx.reset_peak_memory()
-    tokens, start, first = [], time.perf_counter(), None
+    tokens, start, first, cpu = [], time.perf_counter(), None, None
     for r in mlx_lm.stream_generate(model.model, tokenizer, mx.array(ids), max_tokens=max_tokens, **mlx_lm_kwargs):
-        first = first or time.perf_counter()
+        first, cpu = first or time.perf_counter(), cpu or time.process_time()
         tokens.append(r.token)
         last = r
     end = time.perf_counter()
     if last.finish_reason == "stop":
         tokens = tokens[:-1]  # mlx-lm repeats the EOS token in its final response
-    return _sample(tokens, start, first, end)
+    return _sample(tokens, start, first, end, cpu)
 
 
 def run_spec(model, tokenizer, ids: list[int], max_tokens: int, block_size: int | None) -> Sample:
     from .generate import stream_generate
 
     mx.reset_peak_memory()
-    tokens, start, first = [], time.perf_counter(), None
+    tokens, start, first, cpu = [], time.perf_counter(), None, None
     for r in stream_generate(model, tokenizer, ids, max_tokens, block_size=block_size):
-        first = first or time.perf_counter()
+        first, cpu = first or time.perf_counter(), cpu or time.process_time()
         tokens += r.tokens
-    s = _sample(tokens, start, first, time.perf_counter())
+    s = _sample(tokens, start, first, time.perf_counter(), cpu)
     s.tau, s.acceptance = r.spec.tau, r.spec.acceptance_rates
     s.mean_draft = r.spec.drafted / r.spec.rounds if r.spec.rounds else 0.0
     return s
 
 
-def _sample(tokens, start, first, end) -> Sample:
+def _sample(tokens, start, first, end, cpu: float | None = None) -> Sample:
     n = len(tokens)
-    return Sample(tokens, first - start, (n - 1) / max(end - first, 1e-9) if n > 1 else 0.0, n / (end - start),
-                  mx.get_peak_memory() / 1e9)
+    s = Sample(tokens, first - start, (n - 1) / max(end - first, 1e-9) if n > 1 else 0.0, n / (end - start),
+               mx.get_peak_memory() / 1e9)
+    if cpu is not None and n > 1:
+        s.cpu_decode_tps = (n - 1) / max(time.process_time() - cpu, 1e-9)
+    return s
 
 
 def first_divergence(a: list[int], b: list[int]) -> int | None:
@@ -184,6 +188,7 @@ class Row:
     mean_draft: float = 0.0
     tokens: float = 0.0  # median tokens generated per run: a few tokens make a noisy speed
     prompt_tokens: float = 0.0  # median prompt length
+    cpu_speedup: float = 0.0  # the same pairs per CPU-second of this process (steadier on a shared machine)
 
 
 def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, block_size: int | None,
@@ -216,6 +221,7 @@ def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, bloc
         prompt_tokens=med([len(encode(tokenizer, p)) for p in prompts]),
     )
     row.speedup = med([b.decode_tps / max(a.decode_tps, 1e-9) for a, b in zip(plain, spec)])  # pairwise: drift cancels
+    row.cpu_speedup = med([b.cpu_decode_tps / max(a.cpu_decode_tps, 1e-9) for a, b in zip(plain, spec)])
     if curve is not None and block_size:
         k = min(block_size - 1, curve.max_drafts)
         row.bound = tau * curve.verify[0] / curve.pass_time(k)
@@ -234,7 +240,9 @@ def summary(rows: list[Row]) -> list[dict]:
         out.append({"mode": mode, "kind": kind, "auto_speedup": auto.speedup if auto else None,
                     "auto_tau": auto.tau if auto else None, "best_fixed_block": best.block if best else None,
                     "best_fixed_speedup": best.speedup if best else None,
-                    "auto_vs_best_fixed": auto.speedup / best.speedup if auto and best and best.speedup else None})
+                    "auto_vs_best_fixed": auto.speedup / best.speedup if auto and best and best.speedup else None,
+                    "auto_vs_best_fixed_cpu": auto.cpu_speedup / max(r.cpu_speedup for r in fixed)
+                    if auto and fixed and max(r.cpu_speedup for r in fixed) else None})
     return out
 
 

@@ -42,13 +42,16 @@ class ControllerConfig:
     prior: float = 0.6  # acceptance assumed before any evidence
     weight: float = 2.0  # pseudo-trials behind the prior (and behind a remembered estimate)
     decay: float = 0.95  # per drafting round: the estimates follow the text
-    probe_every: int = 48  # plain rounds before a probe; doubles while probes find nothing...
+    probe_every: int = 16  # plain rounds before a probe; doubles while probes find nothing...
     first_probe: int = 4  # ...but a request that starts off (its predecessor's estimates) probes this soon
     fresh_probes: int = 3  # (batched: and as often again, until it has this many drafting rounds of its own)
     max_probe_every: int = 512  # ...up to this
     hopeful: float = 0.9  # no probes where even this acceptance at every position would not pay
     margin: float = 0.05  # drafting must beat plain by this: the cost model's error
     explore_below: float = 1.0  # recent trials under which the position past the chosen length is drafted too
+    # a position with little evidence leans on the one before it, lifted this far toward 1: past a few
+    # accepted drafts the text is easy, so acceptance rises with depth (flat: deep drafts never get tried)
+    lift: float = 0.25
     follow: float = 0.1  # how fast the cost scales follow measured rounds
 
 
@@ -108,8 +111,9 @@ class AdaptiveLength:
 
     def estimates(self) -> list[float]:
         alphas, before, w = [], self.cfg.prior, self.cfg.weight
-        for h, t in zip(self.hits, self.trials):
-            before = (h + w * before) / (t + w)
+        for i, (h, t) in enumerate(zip(self.hits, self.trials)):
+            lean = before + (1 - before) * self.cfg.lift if i else before
+            before = (h + w * lean) / (t + w)
             alphas.append(before)
         return alphas
 

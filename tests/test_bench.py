@@ -10,7 +10,7 @@ from mlx_spec import bench
 
 SCHEMA_KEYS = {"kind", "block", "plain_decode_tps", "spec_decode_tps", "plain_e2e_tps", "spec_e2e_tps", "plain_ttft",
                "spec_ttft", "speedup", "tau", "acceptance", "peak_gb", "identical", "divergences", "bound", "efficiency", "mode", "mean_draft",
-               "tokens", "prompt_tokens"}
+               "tokens", "prompt_tokens", "cpu_speedup"}
 
 
 def test_first_divergence():
@@ -48,6 +48,7 @@ def test_cli_json(target_dir, drafter_dir, tmp_path):
     assert [(s["mode"], s["kind"]) for s in data["summary"]] == [(m, k) for m in ("auto", "lookup") for k in ("code", "long")]
     assert all(s["best_fixed_block"] == "3" and s["auto_vs_best_fixed"] > 0 for s in data["summary"])
     rows = data["results"]
+    assert all(r["cpu_speedup"] > 0 for r in rows)  # the same pairs per CPU-second
     assert [(r["mode"], r["kind"], r["block"]) for r in rows] == [
         (m, k, b) for m in ("auto", "lookup") for k in ("code", "long") for b in ("auto", "3")]
     for r in rows:

@@ -170,14 +170,15 @@ def show(rows, meta) -> None:
     from rich.table import Table
 
     t = Table(title=f"mlx-spec bench — {meta.get('model')} ({meta.get('device')})")
-    for col in ("kind", "mode", "block", "drafts/round", "tokens", "plain tok/s", "spec tok/s", "speedup", "τ",
-                "e2e speedup", "TTFT plain/spec ms", "acceptance by position", "peak GB", "identical", "efficiency"):
+    for col in ("kind", "mode", "block", "drafts/round", "tokens", "plain tok/s", "spec tok/s", "speedup",
+                "per CPU-s", "τ", "e2e speedup", "TTFT plain/spec ms", "acceptance by position", "peak GB", "identical", "efficiency"):
         t.add_column(col)
     for r in rows:
         e2e = r.spec_e2e_tps / r.plain_e2e_tps if r.plain_e2e_tps else 0
         few = " (few: noisy)" if r.tokens < 16 else ""
         t.add_row(r.kind, r.mode, r.block, f"{r.mean_draft:.1f}", f"{r.tokens:.0f}{few}", f"{r.plain_decode_tps:.1f}",
-                  f"{r.spec_decode_tps:.1f}", f"{r.speedup:.2f}x", f"{r.tau:.2f}" if r.tau else "–",  # –: no drafts
+                  f"{r.spec_decode_tps:.1f}", f"{r.speedup:.2f}x", f"{r.cpu_speedup:.2f}x",
+                  f"{r.tau:.2f}" if r.tau else "–",  # –: no drafts
                   f"{e2e:.2f}x", f"{r.plain_ttft * 1e3:.0f}/{r.spec_ttft * 1e3:.0f}",
                   " ".join(f"{a:.2f}" for a in r.acceptance[:8]), f"{r.peak_gb:.3f}",
                   "yes" if r.identical else f"NO (first at {r.divergences[0]})",

@@ -38,6 +38,9 @@ class Drafter(Protocol):
     def propose(self, state, anchor: int, k: int, sampling) -> Draft:
         """Up to k tokens following `anchor`, which sits at position `state.offset`."""
 
+    # Optional: `propose_batch(states, anchors, ks, samplings) -> list[Draft]`, several requests' drafts
+    # in one pass (what `propose` gives each alone); batched rounds use it where a drafter has it.
+
 
 def load_strict(module, weights: dict, path, against: str = "its config", what: str = "weights") -> None:
     """Load a checkpoint's weights into `module`, every tensor accounted for; a mismatch is the
