@@ -241,9 +241,13 @@ def summary(rows: list[Row]) -> list[dict]:
                     "auto_tau": auto.tau if auto else None, "best_fixed_block": best.block if best else None,
                     "best_fixed_speedup": best.speedup if best else None,
                     "auto_vs_best_fixed": auto.speedup / best.speedup if auto and best and best.speedup else None,
-                    "auto_vs_best_fixed_cpu": auto.cpu_speedup / max(r.cpu_speedup for r in fixed)
-                    if auto and fixed and max(r.cpu_speedup for r in fixed) else None})
+                    "auto_vs_best_fixed_cpu": _ratio(auto.cpu_speedup if auto else 0,
+                                                     max((r.cpu_speedup for r in fixed), default=0))})
     return out
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if a and b else None
 
 
 def as_json(rows: list[Row], meta: dict, extra: dict | None = None) -> dict:

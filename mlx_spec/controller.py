@@ -69,10 +69,10 @@ class ControllerMemory:
 class AdaptiveLength:
     """Chooses k each round from the cost curve and running acceptance estimates.
 
-    alpha_i = (hits_i + w * alpha_{i-1}) / (trials_i + w) over the rounds that judged position i,
-    with counts decayed each drafting round so the estimate follows the text: a position with little
-    data leans on the one before it (acceptance rarely jumps between neighbours), so deeper
-    drafts get tried and corrected; while drafting, a position just past the chosen length whose
+    alpha_i = (hits_i + w * lean_i) / (trials_i + w) over the rounds that judged position i, with
+    counts decayed each drafting round so the estimate follows the text: a position with little
+    data leans on the one before it, lifted toward 1 (lean_i = alpha_{i-1} + lift * (1 - alpha_{i-1}):
+    past a few accepted drafts the text is easy), so deeper drafts get tried and corrected; while drafting, a position just past the chosen length whose
     evidence has decayed away is drafted too now and then. While speculation is off, a probe round
     keeps the estimates honest: after `probe_every` rounds off, then twice as long each time it
     finds nothing (up to `max_probe_every`), since every probe costs. Where even `hopeful`
@@ -107,7 +107,8 @@ class AdaptiveLength:
         self._tick: float | None = None
         self._last_k: int | None = None
         self._probe_left = 0  # a probe is two k = 1 rounds: the second is steady, so it times drafting too
-        self.judged, self.batch_off = 0, 0  # drafting rounds of its own; batched rounds plain since the last
+        self.judged, self.plain_rounds = 0, 0  # drafting rounds of its own; batched rounds plain since the last
+        self.inherited = bool(memory is not None and memory.alphas)  # it starts from its predecessors' estimates
 
     def estimates(self) -> list[float]:
         alphas, before, w = [], self.cfg.prior, self.cfg.weight
@@ -146,10 +147,10 @@ class AdaptiveLength:
         """Told to run plain in a batched round: True where it should draft one token instead. A request
         that starts from its predecessors' estimates (perhaps another kind of text) tests them soon, and
         again as often, until `fresh_probes` drafting rounds of its own back or refute them."""
-        self.batch_off += 1
-        fresh = self.judged < self.cfg.fresh_probes and self.memory is not None and bool(self.memory.alphas)
-        if fresh and self.batch_off >= self.cfg.first_probe and self.max_k and self.can_pay:
-            self.batch_off = 0
+        self.plain_rounds += 1
+        fresh = self.inherited and self.judged < self.cfg.fresh_probes
+        if fresh and self.plain_rounds >= self.cfg.first_probe and self.max_k and self.can_pay:
+            self.plain_rounds = 0
             return True
         return False
 
@@ -158,7 +159,7 @@ class AdaptiveLength:
         if not drafted:  # a plain round tells nothing about acceptance: keep the estimates as they are
             return
         judged = min(drafted, accepted + 1)  # positions that were actually verified
-        self._choice, self.judged, self.batch_off = None, self.judged + 1, 0
+        self._choice, self.judged, self.plain_rounds = None, self.judged + 1, 0
         self.hits = [h * self.cfg.decay for h in self.hits]
         self.trials = [t * self.cfg.decay for t in self.trials]
         for i in range(judged):
@@ -215,6 +216,7 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     top = max([floor] + [caps[id(s)] + 1 for s in adaptive])
     gains = {id(s): s.lengths.estimates() for s in adaptive}
     fixed_tokens = sum(1 + 0.5 * s.k for s in states if s not in adaptive)  # their yield does not depend on W
+    fixed_drafting = sum(1 for s in states if s not in adaptive and s.k)  # they share the drafter pass too
 
     def option(width):
         """(expected tokens per second, k per adaptive request) for a pass `width` wide."""
@@ -222,10 +224,11 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
         offers = [(expected_tokens(gains[id(s)], min(width - 1, caps[id(s)])) - 1, i)
                   for i, s in enumerate(adaptive) if min(width - 1, caps[id(s)])]
         offers.sort(key=lambda o: -o[0])  # the most expected gain first
-        best_rate, best_m, gain = tokens / cost, 0, 0.0
+        best_rate = tokens / (cost + curve.draft_time(fixed_drafting, width - 1) * scale[1])
+        best_m, gain = 0, 0.0
         for m, (g, _) in enumerate(offers, 1):
             gain += g
-            rate = (tokens + gain) / (cost + curve.draft_time(m, width - 1) * scale[1])
+            rate = (tokens + gain) / (cost + curve.draft_time(fixed_drafting + m, width - 1) * scale[1])
             if rate > best_rate:
                 best_rate, best_m = rate, m
         chosen = {i for _, i in offers[:best_m]}
@@ -236,15 +239,16 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
 
     rate, ks, width = max((option(w) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))
     probes = [s for s in adaptive if not ks[id(s)] and caps[id(s)] and s.lengths.probe_in_batch()]
-    for s in probes:  # a new request testing its predecessors' estimates: one token, in this pass
-        ks[id(s)] = 1
+    for s in probes:  # a new request testing its predecessors' estimates: as far as the pass is wide anyway
+        ks[id(s)] = min(max(1, width - 1), caps[id(s)])
     width = max(width, 2 if probes else 1)
     if memory is not None and top > 1:
         memory.batch_off = memory.batch_off + 1 if width == 1 else 0
         if memory.batch_off >= probe_every:  # a probe: one token each, a pass two wide
             memory.batch_off, width = 0, 2
             ks = {id(s): min(1, caps[id(s)]) for s in adaptive}
-    predicted = curve.batch_time(b, width) + curve.draft_time(sum(1 for k in ks.values() if k), width - 1)
+    drafting = fixed_drafting + sum(1 for k in ks.values() if k)
+    predicted = curve.batch_time(b, width) + curve.draft_time(drafting, width - 1)
     _time_batch(memory, b, width > 1, predicted, follow)
     for s in adaptive:
         s.k = ks[id(s)]

@@ -130,7 +130,7 @@ class DFlashAttention(nn.Module):
         n_ctx = 0
         if ck is not None:
             if window is not None:
-                ck, cv = ck[:, :, -(window - 1):], cv[:, :, -(window - 1):]
+                ck, cv = last_rows(ck, window - 1), last_rows(cv, window - 1)
             n_ctx = ck.shape[2]
             if ck.shape[0] != n:
                 ck, cv = (mx.broadcast_to(a, (n,) + a.shape[1:]) for a in (ck, cv))
@@ -221,11 +221,11 @@ class DFlashDrafter(nn.Module):
     def propose_batch(self, states: list, anchors: list[int], ks: list[int], samplings: list) -> list[Draft]:
         """Several requests' drafts from one drafter pass and one LM-head product (each block over its
         own context): what a batched verify round needs, for little more than one request's pass."""
-        sizes = [self.slots(k) - self.first_slot for k in ks]
-        h = self.blocks_hidden(states, anchors, [n + self.first_slot for n in sizes])[:, self.first_slot :]
+        slots = [self.slots(k) for k in ks]
+        h = self.blocks_hidden(states, anchors, slots)[:, self.first_slot :]
         logits = self.slot_logits(h)
-        return [self.draft_from(h[i, :n], logits[i, :n], a, k, s)
-                for i, (n, a, k, s) in enumerate(zip(sizes, anchors, ks, samplings))]
+        return [self.draft_from(h[i, : n - self.first_slot], logits[i, : n - self.first_slot], a, k, s)
+                for i, (n, a, k, s) in enumerate(zip(slots, anchors, ks, samplings))]
 
     # --- the model ---------------------------------------------------------------
     def slots(self, k: int) -> int:
@@ -290,11 +290,16 @@ class DFlashDrafter(nn.Module):
         return out
 
 
+def last_rows(a: mx.array, n: int) -> mx.array:
+    """The last n context rows of [B, heads, S, D] (none for n = 0: a window of 1 sees only the block)."""
+    return a[:, :, max(0, a.shape[2] - n):]
+
+
 def padded_context(kvs: list, window: int | None):
     """Requests' context keys/values [1, heads, S_i, D] ((None, None) where empty), each cut to its
     window, right-padded to the longest and stacked, with the [n, 1, 1, S] mask of each one's own rows."""
     if window is not None:
-        kvs = [(k[:, :, -(window - 1):], v[:, :, -(window - 1):]) if k is not None else (k, v) for k, v in kvs]
+        kvs = [(last_rows(k, window - 1), last_rows(v, window - 1)) if k is not None else (k, v) for k, v in kvs]
     lengths = [0 if k is None else k.shape[2] for k, _ in kvs]
     longest = max(lengths)
     if not longest:
@@ -304,7 +309,9 @@ def padded_context(kvs: list, window: int | None):
     def pad(a):
         n = 0 if a is None else a.shape[2]
         fill = mx.zeros(like.shape[:2] + (longest - n,) + like.shape[3:], like.dtype)
-        return fill if a is None else a if n == longest else mx.concatenate([a, fill], axis=2)
+        if a is None:
+            return fill
+        return a if n == longest else mx.concatenate([a, fill], axis=2)
 
     keys, values = (mx.concatenate([pad(kv[j]) for kv in kvs]) for j in (0, 1))
     return (keys, values), (mx.arange(longest)[None] < mx.array(lengths)[:, None])[:, None, None]
