@@ -249,7 +249,7 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     return [[b, w, min(times[(b, w)])] for b, w in shapes]
 
 
-def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 128, repeats: int = 3) -> list[list[float]]:
+def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, repeats: int = 3) -> list[list[float]]:
     """[rows, k, seconds] of one drafter pass drafting k tokens for each of `rows` requests (each its own
     context; one row too, measured alike, so that more rows never look cheaper); [] for a drafter that
     drafts one request at a time."""
