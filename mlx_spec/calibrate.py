@@ -159,7 +159,6 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -
     return CostCurve(linear(monotone(curve.verify)), linear(monotone(curve.draft)), rounds[:1] + linear(rounds[1:]))
 
 
-
 def linear(times: list[float], tolerance: float = 0.05) -> list[float]:
     """The least-squares line through times[0], times[1], ... (never falling) where it fits them within
     `tolerance`; else the times as they are. Measured on a shared machine, a nearly straight curve has
@@ -229,9 +228,7 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     pcs = [make_prompt_cache(model) for _ in range(top)]
     if not can_batch([pc.cache for pc in pcs]) or not batchable(model.target.model):  # the loop verifies alone
         return []
-    for r, pc in enumerate(pcs):  # different contexts per row, as in a real batch
-        out, _ = model.target(mx.array([[(i * 7919 + r * 31) % vocab for i in range(context)]]), pc.cache)
-        mx.eval(out)
+    _fill_rows(model, pcs, [context] * top)
     widths = [w for w in BATCH_WIDTHS if w <= max_width] + ([max_width] if max_width not in BATCH_WIDTHS else [])
     shapes = [(b, w) for b in rows for w in widths]
     times: dict[tuple[int, int], list[float]] = {s: [] for s in shapes}
@@ -249,6 +246,16 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     return [[b, w, min(times[(b, w)])] for b, w in shapes]
 
 
+def _fill_rows(model, pcs: list, lengths: list[int]) -> None:
+    """Each row's cache filled with its own context of the given length (and its drafter fed), as in a
+    real batch."""
+    for r, (pc, n) in enumerate(zip(pcs, lengths)):
+        ids = [(i * 7919 + r * 31) % model.vocab_size for i in range(n)]
+        out, hidden = model.target(mx.array([ids]), pc.cache)
+        pc.add(ids, hidden)
+        mx.eval(out)
+
+
 def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, repeats: int = 3) -> list[list[float]]:
     """[rows, k, seconds] of one drafter pass drafting k tokens for each of `rows` requests (each its own
     context; one row too, measured alike, so that more rows never look cheaper); [] for a drafter that
@@ -256,17 +263,13 @@ def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, r
     from .engine.sampling import Sampler, SamplingParams
     from .generate import make_prompt_cache
 
-    drafter, vocab = model.drafter, model.vocab_size
+    drafter, top = model.drafter, max(rows)
     if getattr(drafter, "propose_batch", None) is None:
         return []
-    states = []
-    for r in range(max(rows)):  # contexts of different lengths, as in a real batch
-        pc, ids = make_prompt_cache(model), [(i * 7919 + r * 31) % vocab for i in range(context + 3 * r)]
-        out, hidden = model.target(mx.array([ids]), pc.cache)
-        pc.add(ids, hidden)
-        mx.eval(out)
-        states.append(pc.drafter_state())
-    greedy = Sampler(SamplingParams(), vocab).drafting(0)
+    pcs = [make_prompt_cache(model) for _ in range(top)]
+    _fill_rows(model, pcs, [context + 3 * r for r in range(top)])  # contexts of different lengths too
+    states = [pc.drafter_state() for pc in pcs]
+    greedy = Sampler(SamplingParams(), model.vocab_size).drafting(0)
     shapes = [(b, k) for b in [1] + rows for k in sorted({1, 2, 3, 5, max_k}) if k <= max_k]
 
     def run(b, k):
@@ -299,7 +302,8 @@ def curve_key(model) -> str:
     dtype = tree_flatten(model.model.parameters())[0][1].dtype
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
-             f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True), "rounds/4"]  # rounds/4: fastest repetitions, fitted lines
+             f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
+             "rounds/4"]  # rounds/4: fastest repetitions, fitted lines
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -72,8 +72,9 @@ class AdaptiveLength:
     alpha_i = (hits_i + w * lean_i) / (trials_i + w) over the rounds that judged position i, with
     counts decayed each drafting round so the estimate follows the text: a position with little
     data leans on the one before it, lifted toward 1 (lean_i = alpha_{i-1} + lift * (1 - alpha_{i-1}):
-    past a few accepted drafts the text is easy), so deeper drafts get tried and corrected; while drafting, a position just past the chosen length whose
-    evidence has decayed away is drafted too now and then. While speculation is off, a probe round
+    past a few accepted drafts the text is easy), so deeper drafts get tried and corrected; while
+    drafting, a position just past the chosen length whose evidence has decayed away is drafted too
+    now and then. While speculation is off, a probe round
     keeps the estimates honest: after `probe_every` rounds off, then twice as long each time it
     finds nothing (up to `max_probe_every`), since every probe costs. Where even `hopeful`
     acceptance at every position would not pay (a steep curve), it never probes. The knobs are
@@ -211,18 +212,19 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     lead = adaptive[0].lengths
     curve, memory, b = lead.curve, lead.memory, len(states)
     scale = memory.batch_scale if memory is not None else [1.0, 1.0]
-    floor = 1 + max([s.k for s in states if s not in adaptive], default=0)  # fixed rows set the least width
+    fixed = [s for s in states if not isinstance(s.lengths, AdaptiveLength)]
+    floor = 1 + max([s.k for s in fixed], default=0)  # fixed rows set the least width
     caps = {id(s): min(s.lengths.max_k, max(0, s.remaining - 1)) for s in adaptive}
     top = max([floor] + [caps[id(s)] + 1 for s in adaptive])
     gains = {id(s): s.lengths.estimates() for s in adaptive}
-    fixed_tokens = sum(1 + 0.5 * s.k for s in states if s not in adaptive)  # their yield does not depend on W
-    fixed_drafting = sum(1 for s in states if s not in adaptive and s.k)  # they share the drafter pass too
+    fixed_tokens = sum(1 + 0.5 * s.k for s in fixed)  # their yield does not depend on W
+    fixed_drafting = sum(1 for s in fixed if s.k)  # they share the drafter pass too
 
     def option(width):
         """(expected tokens per second, k per adaptive request) for a pass `width` wide."""
         cost, tokens = curve.batch_time(b, width) * scale[width > 1], fixed_tokens + len(adaptive)
-        offers = [(expected_tokens(gains[id(s)], min(width - 1, caps[id(s)])) - 1, i)
-                  for i, s in enumerate(adaptive) if min(width - 1, caps[id(s)])]
+        reach = [min(width - 1, caps[id(s)]) for s in adaptive]  # the drafts each request could make
+        offers = [(expected_tokens(gains[id(s)], k) - 1, i) for i, (s, k) in enumerate(zip(adaptive, reach)) if k]
         offers.sort(key=lambda o: -o[0])  # the most expected gain first
         best_rate = tokens / (cost + curve.draft_time(fixed_drafting, width - 1) * scale[1])
         best_m, gain = 0, 0.0
@@ -232,7 +234,7 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
             if rate > best_rate:
                 best_rate, best_m = rate, m
         chosen = {i for _, i in offers[:best_m]}
-        ks = {id(s): min(width - 1, caps[id(s)]) if i in chosen else 0 for i, s in enumerate(adaptive)}
+        ks = {id(s): reach[i] if i in chosen else 0 for i, s in enumerate(adaptive)}
         if width > 1 and not chosen and floor < width:
             return 0.0, ks  # nobody drafts: a wider pass would be padding only
         return best_rate / (1 + margin if width > 1 and width > floor else 1), ks

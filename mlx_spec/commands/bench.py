@@ -170,8 +170,8 @@ def show(rows, meta) -> None:
     from rich.table import Table
 
     t = Table(title=f"mlx-spec bench — {meta.get('model')} ({meta.get('device')})")
-    for col in ("kind", "mode", "block", "drafts/round", "tokens", "plain tok/s", "spec tok/s", "speedup",
-                "per CPU-s", "τ", "e2e speedup", "TTFT plain/spec ms", "acceptance by position", "peak GB", "identical", "efficiency"):
+    for col in ("kind", "mode", "block", "drafts/round", "tokens", "plain tok/s", "spec tok/s", "speedup", "per CPU-s",
+                "τ", "e2e speedup", "TTFT plain/spec ms", "acceptance by position", "peak GB", "identical", "efficiency"):
         t.add_column(col)
     for r in rows:
         e2e = r.spec_e2e_tps / r.plain_e2e_tps if r.plain_e2e_tps else 0

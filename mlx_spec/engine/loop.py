@@ -118,15 +118,16 @@ def plan(s: DecodeState, budget: int | None = None) -> int:
 def draft(drafter, states: list[DecodeState]) -> list[Draft]:
     """Each request's drafts (none where k = 0); requests drafting together share one drafter pass
     where the drafter can batch them."""
-    rows = [s for s in states if drafter is not None and s.k]
-    args = [(s.pc.drafter_state(), s.anchor, s.k, s.sampler.drafting(len(s.pc.tokens) + 1)) for s in rows]
-    batched = getattr(drafter, "propose_batch", None) if len(rows) > 1 else None
+    drafting = [drafter is not None and bool(s.k) for s in states]
+    args = [(s.pc.drafter_state(), s.anchor, s.k, s.sampler.drafting(len(s.pc.tokens) + 1))
+            for s, d in zip(states, drafting) if d]
+    batched = getattr(drafter, "propose_batch", None) if len(args) > 1 else None
     if batched:
         states_, anchors, ks, samplings = (list(col) for col in zip(*args))
         made = iter(batched(states_, anchors, ks, samplings))
     else:
         made = iter([drafter.propose(*a) for a in args])
-    proposals = [next(made) if any(s is r for r in rows) else Draft(mx.zeros((0,), mx.int32)) for s in states]
+    proposals = [next(made) if d else Draft(mx.zeros((0,), mx.int32)) for d in drafting]
     mx.async_eval([p.tokens for p in proposals])  # the drafter runs while the host builds the verify pass
     return proposals
 
