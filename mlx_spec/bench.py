@@ -189,42 +189,67 @@ class Row:
     tokens: float = 0.0  # median tokens generated per run: a few tokens make a noisy speed
     prompt_tokens: float = 0.0  # median prompt length
     cpu_speedup: float = 0.0  # the same pairs per CPU-second of this process (steadier on a shared machine)
+    pair_tps: list[float] = field(default_factory=list)  # each speculative run's decode speed, in run order
+    pair_cpu_tps: list[float] = field(default_factory=list)  # the same per CPU-second
 
 
 def bench_kind(model, tokenizer, kind: str, prompts: list, max_tokens: int, block_size: int | None,
                repeats: int, curve=None) -> Row:
-    """Interleaved plain/spec runs over one kind of prompt; medians over prompts x repeats
-    (the speedup is the median of the paired ratios)."""
-    plain, spec, divergences, kw = [], [], [], plain_kwargs(model)
+    """One block size's row (see `bench_sizes`)."""
+    return bench_sizes(model, tokenizer, kind, prompts, max_tokens, [block_size], repeats, curve)[0]
+
+
+def bench_sizes(model, tokenizer, kind: str, prompts: list, max_tokens: int, block_sizes: list,
+                repeats: int, curve=None) -> list[Row]:
+    """Plain and speculative runs at every block size, interleaved, over one kind of prompt: one row per
+    size, medians over prompts x repeats. Each repeat runs plain once and every size once, in an order
+    rotated per repeat, so the sizes are compared side by side (the speedup is the median of the ratios
+    to the same repeat's plain run; `pair_tps` keeps every run's speed, in order, for paired ratios
+    between sizes)."""
+    plain, spec, kw = [], {b: [] for b in block_sizes}, plain_kwargs(model)
+    divergences = {b: [] for b in block_sizes}
+    turn = 0
     for prompt in prompts:
         ids = encode(tokenizer, prompt)
         run_plain(model, tokenizer, ids, 4, **kw)  # warm-up both paths
-        run_spec(model, tokenizer, ids, 4, block_size)
+        for b in block_sizes:
+            run_spec(model, tokenizer, ids, 4, b)
         for _ in range(repeats):
-            a = run_plain(model, tokenizer, ids, max_tokens, **kw)
-            b = run_spec(model, tokenizer, ids, max_tokens, block_size)
+            order = [None, *range(len(block_sizes))]
+            order = order[turn % len(order):] + order[: turn % len(order)]
+            turn += 1
+            for i in order:
+                if i is None:
+                    a = run_plain(model, tokenizer, ids, max_tokens, **kw)
+                else:
+                    spec[block_sizes[i]].append(run_spec(model, tokenizer, ids, max_tokens, block_sizes[i]))
             plain.append(a)
-            spec.append(b)
-            d = first_divergence(a.tokens, b.tokens)
-            if d is not None:
-                divergences.append(d)
-    med = lambda xs: statistics.median(xs)  # noqa: E731
-    tau = med([s.tau for s in spec])
+            for b in block_sizes:
+                d = first_divergence(a.tokens, spec[b][-1].tokens)
+                if d is not None:
+                    divergences[b].append(d)
+    return [_row(model, tokenizer, kind, prompts, b, plain, spec[b], divergences[b], curve) for b in block_sizes]
+
+
+def _row(model, tokenizer, kind, prompts, block_size, plain: list[Sample], spec: list[Sample], divergences, curve) -> Row:
+    med = statistics.median
     row = Row(
         kind=kind, block=str(block_size or "auto"),
         plain_decode_tps=med([s.decode_tps for s in plain]), spec_decode_tps=med([s.decode_tps for s in spec]),
         plain_e2e_tps=med([s.e2e_tps for s in plain]), spec_e2e_tps=med([s.e2e_tps for s in spec]),
-        plain_ttft=med([s.ttft for s in plain]), spec_ttft=med([s.ttft for s in spec]), speedup=0.0, tau=tau,
+        plain_ttft=med([s.ttft for s in plain]), spec_ttft=med([s.ttft for s in spec]), speedup=0.0,
+        tau=med([s.tau for s in spec]),
         acceptance=[med(col) for col in zip(*[s.acceptance for s in spec if s.acceptance])] if spec else [],
         peak_gb=max(s.peak_gb for s in spec), identical=not divergences, divergences=divergences,
         mean_draft=med([s.mean_draft for s in spec]), tokens=med([len(s.tokens) for s in spec]),
         prompt_tokens=med([len(encode(tokenizer, p)) for p in prompts]),
+        pair_tps=[s.decode_tps for s in spec], pair_cpu_tps=[s.cpu_decode_tps for s in spec],
     )
     row.speedup = med([b.decode_tps / max(a.decode_tps, 1e-9) for a, b in zip(plain, spec)])  # pairwise: drift cancels
     row.cpu_speedup = med([b.cpu_decode_tps / max(a.cpu_decode_tps, 1e-9) for a, b in zip(plain, spec)])
     if curve is not None and block_size:
         k = min(block_size - 1, curve.max_drafts)
-        row.bound = tau * curve.verify[0] / curve.pass_time(k)
+        row.bound = row.tau * curve.verify[0] / curve.pass_time(k)
         row.efficiency = row.speedup / row.bound if row.bound else None
     return row
 
@@ -240,14 +265,21 @@ def summary(rows: list[Row]) -> list[dict]:
         out.append({"mode": mode, "kind": kind, "auto_speedup": auto.speedup if auto else None,
                     "auto_tau": auto.tau if auto else None, "best_fixed_block": best.block if best else None,
                     "best_fixed_speedup": best.speedup if best else None,
-                    "auto_vs_best_fixed": auto.speedup / best.speedup if auto and best and best.speedup else None,
-                    "auto_vs_best_fixed_cpu": _ratio(auto.cpu_speedup if auto else 0,
-                                                     max((r.cpu_speedup for r in fixed), default=0))})
+                    "auto_vs_best_fixed": _paired(auto, best, "pair_tps", "speedup"),
+                    "auto_vs_best_fixed_cpu": _paired(auto, max(fixed, key=lambda r: r.cpu_speedup, default=None),
+                                                      "pair_cpu_tps", "cpu_speedup")})
     return out
 
 
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if a and b else None
+def _paired(a: Row | None, b: Row | None, runs: str, speedup: str) -> float | None:
+    """a's speed over b's: the median of the ratios of runs made side by side (same prompt, same repeat)
+    where both rows have them, else the ratio of their speedups."""
+    if a is None or b is None:
+        return None
+    ra, rb = getattr(a, runs), getattr(b, runs)
+    if ra and len(ra) == len(rb) and all(rb):
+        return statistics.median(x / y for x, y in zip(ra, rb))
+    return getattr(a, speedup) / getattr(b, speedup) if getattr(b, speedup) else None
 
 
 def as_json(rows: list[Row], meta: dict, extra: dict | None = None) -> dict:

@@ -10,7 +10,7 @@ from mlx_spec import bench
 
 SCHEMA_KEYS = {"kind", "block", "plain_decode_tps", "spec_decode_tps", "plain_e2e_tps", "spec_e2e_tps", "plain_ttft",
                "spec_ttft", "speedup", "tau", "acceptance", "peak_gb", "identical", "divergences", "bound", "efficiency", "mode", "mean_draft",
-               "tokens", "prompt_tokens", "cpu_speedup"}
+               "tokens", "prompt_tokens", "cpu_speedup", "pair_tps", "pair_cpu_tps"}
 
 
 def test_first_divergence():
@@ -34,6 +34,29 @@ def test_planted_divergence_is_reported(target_dir, drafter_dir, monkeypatch):
     monkeypatch.setattr(bench, "run_spec", planted)
     row = bench.bench_kind(model, tok, "code", ["def add(a, b):"], 12, 4, repeats=2)
     assert not row.identical and row.divergences == [5, 5]
+
+
+def test_block_sizes_run_side_by_side(target_dir, drafter_dir, monkeypatch):
+    """Every repeat runs plain and each size once, in a rotated order; the auto/fixed ratio is paired."""
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    calls, speeds = [], iter(range(1, 100))
+
+    def fake(block):
+        def run(model, tok, ids, max_tokens, *args, **kw):
+            if max_tokens > 4:  # not a warm-up
+                calls.append(block if block != "plain" else "plain")
+            v = float(next(speeds))
+            return bench.Sample([1, 2, 3], 0.0, v, v, 0.0, 2.0, [0.5], 1.0, v)
+        return run
+
+    monkeypatch.setattr(bench, "run_plain", fake("plain"))
+    monkeypatch.setattr(bench, "run_spec", lambda m, t, ids, n, b: fake(b or "auto")(m, t, ids, n))
+    rows = bench.bench_sizes(model, tok, "code", ["def add(a, b):"], 12, [None, 4], repeats=3)
+    assert calls == ["plain", "auto", 4, "auto", 4, "plain", 4, "plain", "auto"]
+    assert [r.block for r in rows] == ["auto", "4"] and all(len(r.pair_tps) == 3 for r in rows)
+    auto, fixed = rows
+    ratios = sorted(a / b for a, b in zip(auto.pair_tps, fixed.pair_tps))
+    assert bench.summary(rows)[0]["auto_vs_best_fixed"] == ratios[1]
 
 
 def test_cli_json(target_dir, drafter_dir, tmp_path):

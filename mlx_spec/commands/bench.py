@@ -72,7 +72,7 @@ def run(args) -> int:
 
         return run_bench(args, prompt_sets)
 
-    from ..bench import as_json, bench_kind, plot
+    from ..bench import as_json, bench_sizes, plot
     from ..calibrate import calibrated_curve
     from ..errors import MlxSpecError
     from ..loading import load
@@ -94,8 +94,7 @@ def run(args) -> int:
                                           "batch": curve.batch}}
         sizes = [None if b == "auto" else int(b) for b in args.block_sizes.split(",")]
         for kind, prompts in prompt_sets(args, tok).items():
-            for size in sizes:
-                row = bench_kind(model, tok, kind, prompts, args.max_tokens, size, args.repeats, curve)
+            for row in bench_sizes(model, tok, kind, prompts, args.max_tokens, sizes, args.repeats, curve):
                 row.block += "" if args.kernels == "on" else f" kernels={kernels}"
                 row.mode = mode
                 rows.append(row)
