@@ -32,7 +32,7 @@ def shallow(models_dir, tokenizer_dir):
 def test_trainer_learns(tmp_path, shallow):
     model, tok = shallow
     records = generate_data(model.model, tok, PROMPTS, tmp_path / "data.jsonl", DataConfig(max_tokens=48))
-    cfg = DrafterTrainConfig(out=tmp_path / "run", block_size=4, steps=250, lr=3e-3, warmup=20,
+    cfg = DrafterTrainConfig(out=tmp_path / "run", block_size=4, steps=200, lr=3e-3, warmup=20,
                              target_layer_ids=[0, 1], sequences_per_step=4, anchors_per_sequence=16, checkpoint_every=1000)
     untrained = new_drafter(model.target, model.config, tok, cfg)
     model.target.set_taps(untrained.tap_ids)
