@@ -113,14 +113,20 @@ def _interp(points: dict[int, float], x: int) -> float:
     return points[a] + (points[b] - points[a]) * (x - a) / (b - a)
 
 
-def _timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
+def _timed(fns: list, repeats: int) -> list[float]:
+    """The fastest of `repeats` timings of each function. The functions take turns within each
+    repetition, so a burst of load on the machine slows one repetition of every shape rather than
+    every repetition of one (timed one shape after another, a burst once put a 70% step at width 8
+    into a verify curve that is flat there)."""
+    for fn in fns:
+        fn()  # warm-up
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        tic = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - tic)
-    return min(times)  # other jobs only ever add time
+        for fn, ts in zip(fns, times):
+            tic = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - tic)
+    return [min(ts) for ts in times]  # other jobs only ever add time
 
 
 def _verify_pass(model, pc, ids: list[int]):
@@ -147,13 +153,14 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -
     pc.add(ids, hidden)
     mx.eval(logits)
 
-    curve = CostCurve([_timed(_verify_pass(model, pc, ids[:m]), repeats) for m in range(1, max_width + 1)], [])
+    curve = CostCurve(_timed([_verify_pass(model, pc, ids[:m]) for m in range(1, max_width + 1)], repeats), [])
     greedy = Sampler(SamplingParams(), vocab)
     if model.drafter is not None:
-        for k in range(1, max_width):
-            state = pc.drafter_state()
-            propose = lambda: mx.eval(model.drafter.propose(state, ids[-1], k, greedy).tokens)  # noqa: E731
-            curve.draft.append(_timed(propose, repeats))
+        state = pc.drafter_state()
+
+        def propose(k):
+            return lambda: mx.eval(model.drafter.propose(state, ids[-1], k, greedy).tokens)
+        curve.draft = _timed([propose(k) for k in range(1, max_width)], repeats)
     curve.rounds = measure_rounds(model, pc, greedy, max_width - 1 if model.drafter is not None else 0, repeats)
     rounds = monotone(curve.rounds)  # k = 0 is a plain step: another kind of round than drafting ones
     return CostCurve(linear(monotone(curve.verify)), linear(monotone(curve.draft)), rounds[:1] + linear(rounds[1:]))
@@ -274,7 +281,7 @@ def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, r
 
     def run(b, k):
         return lambda: mx.eval([d.tokens for d in drafter.propose_batch(states[:b], [1] * b, [k] * b, [greedy] * b)])
-    return [[b, k, _timed(run(b, k), repeats)] for b, k in shapes]
+    return [[b, k, t] for (b, k), t in zip(shapes, _timed([run(b, k) for b, k in shapes], repeats))]
 
 
 def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> list[dict]:
@@ -291,7 +298,9 @@ def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> l
             logits, hidden = model.target(mx.array([ids[i : i + 512]]), pc.cache)
             mx.eval(logits, hidden) if hidden is not None else mx.eval(logits)
         prefill = (time.perf_counter() - tic) / context
-        verify_ms = {str(m): _timed(_verify_pass(model, pc, ids[:m]), repeats) * 1e3 for m in sorted({1, width})}
+        widths = sorted({1, width})
+        times = _timed([_verify_pass(model, pc, ids[:m]) for m in widths], repeats)
+        verify_ms = {str(m): t * 1e3 for m, t in zip(widths, times)}
         out.append({"context": context, "prefill_ms_per_token": prefill * 1e3, "verify_ms": verify_ms})
     return out
 
@@ -303,7 +312,7 @@ def curve_key(model) -> str:
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
-             "rounds/4"]  # rounds/4: fastest repetitions, fitted lines
+             "rounds/5"]  # rounds/5: fastest repetitions, fitted lines, every shape timed in turn
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

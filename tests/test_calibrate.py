@@ -219,6 +219,25 @@ def test_measured_curves_are_fitted_with_a_line():
     assert linear([1.0, 2.0]) == [1.0, 2.0] and linear([]) == []
 
 
+def test_a_burst_of_load_slows_one_repetition_of_every_shape_not_one_shape():
+    """Shapes take turns: a burst as long as one shape's repetitions leaves every shape's fastest time clean."""
+    import time
+
+    from mlx_spec.calibrate import _timed
+
+    calls = []
+
+    def shape(i):
+        def run():
+            calls.append(i)
+            busy = 4 <= len(calls) < 10  # six calls in a row: one shape's repetitions, timed one after another
+            time.sleep(0.002 + (0.02 if busy else 0.0))
+        return run
+    times = _timed([shape(i) for i in range(3)], repeats=6)
+    assert calls[:6] == [0, 1, 2, 0, 1, 2]  # warm-ups, then the shapes in turn
+    assert all(t < 0.015 for t in times), times
+
+
 # Accepted drafts per round of a fixed block of 8 on the embedded pair's built-in code prompts (greedy,
 # 128 tokens): a round takes all 7 drafts or stops within the first few.
 CODE_ROUNDS = [[1, 3, 0, 1, 7, 2],
