@@ -206,6 +206,7 @@ def bench_sizes(model, tokenizer, kind: str, prompts: list, max_tokens: int, blo
     rotated per repeat, so the sizes are compared side by side (the speedup is the median of the ratios
     to the same repeat's plain run; `pair_tps` keeps every run's speed, in order, for paired ratios
     between sizes)."""
+    block_sizes = list(dict.fromkeys(block_sizes))  # a size given twice is one row
     plain, spec, kw = [], {b: [] for b in block_sizes}, plain_kwargs(model)
     divergences = {b: [] for b in block_sizes}
     turn = 0
