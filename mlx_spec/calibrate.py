@@ -238,19 +238,18 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     _fill_rows(model, pcs, [context] * top)
     widths = [w for w in BATCH_WIDTHS if w <= max_width] + ([max_width] if max_width not in BATCH_WIDTHS else [])
     shapes = [(b, w) for b in rows for w in widths]
-    times: dict[tuple[int, int], list[float]] = {s: [] for s in shapes}
-    for rep in range(repeats + 1):  # the first repetition warms up
-        for b, w in shapes:
-            caches = [pc.cache for pc in pcs[:b]]
-            block = mx.array([[(i * 13 + r) % vocab for i in range(w)] for r in range(b)])
-            tic = time.perf_counter()
+
+    def run(b, w):
+        caches = [pc.cache for pc in pcs[:b]]
+        block = mx.array([[(i * 13 + r) % vocab for i in range(w)] for r in range(b)])
+
+        def timed():
             logits, hidden = model.target(block, batch_caches(caches))
             mx.eval(logits, hidden) if hidden is not None else mx.eval(logits)
-            if rep:
-                times[(b, w)].append(time.perf_counter() - tic)
             for c in caches:
                 trim(c, w)
-    return [[b, w, min(times[(b, w)])] for b, w in shapes]
+        return timed
+    return [[b, w, t] for (b, w), t in zip(shapes, _timed([run(b, w) for b, w in shapes], repeats))]
 
 
 def _fill_rows(model, pcs: list, lengths: list[int]) -> None:
