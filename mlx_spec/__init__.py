@@ -14,7 +14,7 @@ _EXPORTS = {
     ".calibrate": ["CostCurve", "cost_curve"],
     ".chat_template": ["UntrustedSpecialTokens", "encode_chat"],
     ".engine.cache": ["PromptCache"],
-    ".engine.sampling": ["SamplingParams"],
+    ".engine.params": ["SamplingParams"],
     ".errors": ["ContextOverflowError", "DrafterMismatchError", "LoadError", "MlxSpecError"],
     ".generate": ["Generation", "GenerationResponse", "SpecStats", "check_block_size", "encode_prompt", "generate",
                   "make_generation", "make_prompt_cache", "step_all", "stream_generate"],

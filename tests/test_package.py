@@ -37,3 +37,12 @@ def test_an_unknown_name_is_an_attribute_error():
         assert "no_such_name" in str(e)
     else:
         raise AssertionError("no AttributeError")
+
+
+def test_every_command_declares_its_options_without_mlx_lm():
+    # `mlx-spec CMD --help` imports the command's module and its add_arguments only: seconds of mlx-lm and
+    # transformers there made every --help (and every typo'd flag) wait for them.
+    code = ("import argparse, importlib, sys; from mlx_spec.cli import COMMANDS\n"
+            "for module, _ in COMMANDS.values(): importlib.import_module(module).add_arguments(argparse.ArgumentParser())\n"
+            "print([m for m in ('mlx_lm', 'transformers') if m in sys.modules])")
+    assert _fresh(code) == "[]"

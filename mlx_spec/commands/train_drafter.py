@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
-    from ..train.drafter import DrafterTrainConfig
+    from ..train.config import DrafterTrainConfig
     from ..train.data import DataConfig
 
     d, dd = DrafterTrainConfig(), DataConfig()

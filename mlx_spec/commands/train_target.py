@@ -7,7 +7,7 @@ from pathlib import Path
 
 def add_arguments(p) -> None:
     from ..train.corpus import DEBIAN_DOCS
-    from ..train.target import TargetTrainConfig
+    from ..train.config import TargetTrainConfig
 
     d = TargetTrainConfig()
     p.add_argument("--out", type=Path, default=d.out, help="run folder: data, checkpoint, log, exported model")

@@ -20,7 +20,7 @@ import sys
 from dataclasses import replace
 
 from ..app.chat.session import Session as ChatSession
-from ..engine.sampling import GREEDY_BELOW
+from ..engine.params import GREEDY_BELOW
 from ..errors import MlxSpecError
 from .serve import dismiss, share_object
 from .session import DistributedError, Session

@@ -47,7 +47,7 @@ def shared_sampling(session: Session, sampling):
     without a seed gets one drawn on rank 0 (seeded sampling is just as lossless)."""
     from dataclasses import replace
 
-    from ..engine.sampling import GREEDY_BELOW
+    from ..engine.params import GREEDY_BELOW
 
     if sampling.seed is None and sampling.temperature >= GREEDY_BELOW:
         return replace(sampling, seed=session.seed())

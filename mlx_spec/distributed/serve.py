@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from ..app.server.backend import Backend
 from ..app.server.errors import APIError
-from ..engine.sampling import GREEDY_BELOW
+from ..engine.params import GREEDY_BELOW
 from ..errors import MlxSpecError
 from .session import DistributedError, Session, from_root
 

@@ -11,7 +11,6 @@ reached less often).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,28 +20,7 @@ import numpy as np
 
 from ..drafters.dflash import DFlashConfig, DFlashDrafter, save_dflash
 from .checkpoint import load_checkpoint, save_checkpoint
-
-
-@dataclass
-class DrafterTrainConfig:
-    out: Path = Path("runs/drafter")
-    block_size: int = 8
-    num_layers: int = 1
-    target_layer_ids: list[int] | None = None
-    steps: int = 2000
-    sequences_per_step: int = 4
-    anchors_per_sequence: int = 16
-    lr: float = 1e-3
-    warmup: int = 100
-    weight_decay: float = 0.01
-    decay_gamma: float = 4.0  # loss weight of slot k: exp(-(k-1)/gamma)
-    # "ce": every slot; "auf" (Accept-Until-Fail): each block only up to its first slot the drafter
-    # gets wrong (slots after a miss are never verified, so their loss only adds noise)
-    loss: str = "ce"
-    sliding_window: int | None = None  # context rows a block sees (window - 1 before the anchor); None: all
-    checkpoint_every: int = 100
-    eval_every: int = 250
-    seed: int = 0
+from .config import DrafterTrainConfig
 
 
 def default_taps(n_layers: int, n_taps: int = 4) -> list[int]:

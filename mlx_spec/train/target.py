@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -21,47 +20,8 @@ from mlx_lm.models import qwen3
 
 from . import corpus
 from .checkpoint import load_checkpoint, save_checkpoint
+from .config import TargetTrainConfig
 from .tokenizer import ENDOFTEXT, IM_END, render_chat, save_tokenizer, train_tokenizer
-
-
-@dataclass
-class TargetTrainConfig:
-    out: Path = Path("runs/target")
-    seed: int = 0
-    vocab_size: int = 4096
-    hidden_size: int = 256
-    num_layers: int = 8
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    head_dim: int = 64
-    intermediate_size: int = 768
-    max_position_embeddings: int = 2048
-    seq_len: int = 512
-    batch_size: int = 8
-    steps: int = 1100
-    lr: float = 2e-3
-    min_lr_ratio: float = 0.1
-    warmup: int = 100
-    weight_decay: float = 0.1
-    eval_every: int = 100
-    eval_batches: int = 16
-    checkpoint_every: int = 50
-    val_fraction: float = 0.01
-    # "order": the first val_fraction of the shuffled documents (the shipped run); "source": a stable
-    # split by source file or conversation (corpus.held_out), so every document made from a held-out
-    # file stays out of training and the set does not move when the mix changes.
-    split: str = "order"
-    tokenizer_from: Path | None = None  # reuse this model's tokenizer (keeps a drafter's vocabulary)
-    corpus: corpus.CorpusConfig = field(default_factory=corpus.CorpusConfig)
-
-    def model_args(self, vocab_size: int) -> qwen3.ModelArgs:
-        return qwen3.ModelArgs(
-            model_type="qwen3", hidden_size=self.hidden_size, num_hidden_layers=self.num_layers,
-            intermediate_size=self.intermediate_size, num_attention_heads=self.num_heads,
-            num_key_value_heads=self.num_kv_heads, head_dim=self.head_dim, rms_norm_eps=1e-6,
-            vocab_size=vocab_size, max_position_embeddings=self.max_position_embeddings,
-            rope_theta=10000.0, tie_word_embeddings=True,
-        )
 
 
 # ----------------------------------------------------------------------------- data

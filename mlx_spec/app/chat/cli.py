@@ -13,8 +13,6 @@ from mlx_spec.errors import MlxSpecError
 from .conversation import Conversation
 from .prompt import LineInput, TerminalInput, default_history
 from .render import Output, legend
-from .repl import Chat, Quit
-from .session import Session
 from .settings import Settings
 from .worker import Worker
 
@@ -47,6 +45,8 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     if not args.distributed:
+        from .session import Session  # (here, not at the top: `--help` should not wait for MLX and mlx-lm)
+
         return _run(args, lambda: load_from(args), Session)
     from mlx_spec.distributed import chat as dchat
 
@@ -74,6 +74,8 @@ def run(args) -> int:
 
 
 def _run(args, load, make_session, leave=lambda worker, clean: None) -> int:
+    from .repl import Quit
+
     settings = Settings(sampling=sampling_from(args), max_tokens=args.max_tokens, block_size=args.block_size,
                         verbose=args.show_drafts, markdown=not args.no_markdown, stop=tuple(args.stop))
     if args.baseline_tokens < 0:
@@ -98,6 +100,8 @@ def _run(args, load, make_session, leave=lambda worker, clean: None) -> int:
 
 
 def _start(args, settings, conversation, out, worker, load, make_session) -> int:
+    from .repl import Chat
+
     model, tokenizer = worker.call(load)
     session = make_session(model, tokenizer)
     session.check_block_size(settings.block_size)
