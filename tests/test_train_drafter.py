@@ -77,6 +77,30 @@ def test_checkpoint_round_trip(tmp_path, shallow):
     assert set(dict(tree_flatten(opt_b.state))) == set(dict(tree_flatten(opt.state)))
 
 
+def test_stopping_with_until_then_resuming_is_the_same_run(tmp_path, shallow):
+    model, tok = shallow
+    records = generate_data(model.model, tok, PROMPTS[:4], tmp_path / "data.jsonl", DataConfig(max_tokens=16))
+
+    def run(out, until=None):
+        cfg = DrafterTrainConfig(out=out, block_size=4, steps=6, warmup=2, target_layer_ids=[0, 1],
+                                 sequences_per_step=2, anchors_per_sequence=4, checkpoint_every=1000)
+        mx.random.seed(0)
+        return train_drafter(model.target, model.config, tok, records, cfg, until=until)
+
+    assert run(tmp_path / "split", until=3) is None and not (tmp_path / "split" / "drafter").exists()
+    assert load_checkpoint(tmp_path / "split" / "checkpoint", *_fresh_state(model, tok, tmp_path)) == 3
+    resumed, straight = run(tmp_path / "split"), run(tmp_path / "straight")
+    a, b = mx.load(str(resumed / "model.safetensors")), mx.load(str(straight / "model.safetensors"))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
+def _fresh_state(model, tok, tmp_path):
+    d = new_drafter(model.target, model.config, tok, DrafterTrainConfig(out=tmp_path, target_layer_ids=[0, 1], block_size=4))
+    opt = optim.AdamW(learning_rate=1e-3)
+    opt.init(d.trainable_parameters())
+    return d, opt
+
+
 def test_prompt_files(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "hi", "kind": "chat"}\n"plain"\n{"messages": [{"role": "user", "content": "x"}]}\n')

@@ -30,6 +30,8 @@ def add_arguments(p) -> None:
                    help="drafter attends to the last N-1 context rows only (flat draft cost at long context)")
     p.add_argument("--init-drafter", type=Path, default=None, help="fine-tune this drafter instead of a new one")
     p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--until", type=int, default=None,
+                   help="stop after this step (checkpointed, nothing written); rerun without it to go on")
 
 
 def run(args) -> int:
@@ -73,7 +75,10 @@ def run(args) -> int:
 
         init = load_dflash(args.init_drafter, model.target, model.config)
     path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None,
-                         init=init)
+                         init=init, until=args.until)
+    if path is None:
+        print(f"stopped at step {args.until}; checkpoint in {args.out / 'checkpoint'}")
+        return 0
     print(f"drafter written to {path}")
     if evals:
         final, _ = load(str(model.target_path), drafter=str(path))

@@ -186,8 +186,9 @@ class DrafterTrainer:
 
 
 def train_drafter(target, config: dict, tokenizer, records: list[dict], cfg: DrafterTrainConfig,
-                  evaluate=None, init: DFlashDrafter | None = None) -> Path:
-    """Train (or resume) and write the drafter in the public DFlash format to cfg.out / 'drafter'."""
+                  evaluate=None, init: DFlashDrafter | None = None, until: int | None = None) -> Path | None:
+    """Train (or resume) and write the drafter in the public DFlash format to cfg.out / 'drafter'.
+    `until`: stop after that step with a checkpoint and write nothing (None returned); a rerun goes on."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     trainer = DrafterTrainer(target, config, tokenizer, records, cfg, init=init)
@@ -195,8 +196,11 @@ def train_drafter(target, config: dict, tokenizer, records: list[dict], cfg: Dra
                TimeRemainingColumn()]
     with Progress(*columns) as bar:
         task = bar.add_task("drafter", total=cfg.steps, completed=trainer.step_no, info="")
-        while not trainer.done:
+        while not trainer.done and (until is None or trainer.step_no < until):
             record = trainer.step(evaluate)
             bar.update(task, completed=trainer.step_no, info=trainer.info(record))
+    if not trainer.done:
+        trainer.save_checkpoint()
+        return None
     return save_dflash(trainer.drafter, cfg.out / "drafter", {"mlx_spec": {"trained_with": "mlx-spec train-drafter",
                                                                            "steps": cfg.steps, "seed": cfg.seed}})
