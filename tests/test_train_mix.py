@@ -4,6 +4,8 @@ option and the target's quality measures. Small, fast fixtures: a fake stdlib, d
 
 import json
 import random
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -148,6 +150,20 @@ def test_raw_prompts_and_eval_sets(fake_sources, tmp_path):
     assert all(300 <= len(encode(tok, p)) <= 2000 for p in bounded)
     prompts = mix.drafter_mix(fake_sources, 5, 5, 5, 4, fraction=0.25)
     assert {p["kind"] for p in prompts} == {"code", "chat", "raw-code", "long"}
+
+
+def test_a_subset_takes_the_first_of_each_kind_shuffled(tmp_path):
+    rows = [{"kind": k, "text": f"{k} {i}"} for i in range(5) for k in ("code", "chat", "raw-code", "long")]
+    src, out = tmp_path / "mix.jsonl", tmp_path / "sub.jsonl"
+    mix.write(src, rows)
+    cli = [sys.executable, "-m", "mlx_spec.train.mix", str(out), "--from", str(src), "--code", "2", "--chat", "1",
+           "--raw", "3", "--long", "0"]
+    subprocess.run(cli, check=True, capture_output=True)
+    got = [json.loads(line) for line in out.read_text().splitlines()]
+    want = ["code 0", "code 1", "chat 0", "raw-code 0", "raw-code 1", "raw-code 2"]
+    assert sorted(r["text"] for r in got) == sorted(want)
+    assert got == mix.subset(rows, {"code": 2, "chat": 1, "raw-code": 3, "long": 0}, seed=0)
+    assert [r["text"] for r in got] != want  # shuffled, not in kind order
 
 
 def test_eval_drafter_measures_raw_prompts():

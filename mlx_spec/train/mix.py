@@ -75,6 +75,14 @@ def drafter_mix(config: corpus.CorpusConfig, n_code: int, n_chat: int, n_raw: in
     return prompts
 
 
+def subset(prompts: list[dict], counts: dict[str, int], seed: int = 0) -> list[dict]:
+    """The first counts[kind] prompts of each kind, in the order of `counts`, then shuffled: a smaller mix
+    drawn from a bigger one (runs/drafter-mix-1000.jsonl from runs/drafter-mix-prompts.jsonl)."""
+    out = [p for kind, n in counts.items() for p in [p for p in prompts if p.get("kind") == kind][:n]]
+    random.Random(seed).shuffle(out)
+    return out
+
+
 def within(prompts: list[dict], tokenizer, lo: int, hi: int) -> list[dict]:
     """Prompts whose encoded length (as the generation loop encodes them) lies in [lo, hi]."""
     from .data import encode
@@ -100,9 +108,14 @@ if __name__ == "__main__":
     parser.add_argument("--raw", type=int, default=1000)
     parser.add_argument("--long", type=int, default=600)
     parser.add_argument("--model", default=None, help="target whose tokenizer bounds the long prompts")
+    parser.add_argument("--from", dest="source", type=Path, default=None,
+                        help="take the first --code/--chat/--raw/--long prompts of each kind from this mix, shuffled")
     args = parser.parse_args()
     cfg = corpus.CorpusConfig(docs=args.docs)
-    if args.eval:
+    if args.source is not None:
+        rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
+        write(args.out, subset(rows, {"code": args.code, "chat": args.chat, "raw-code": args.raw, "long": args.long}))
+    elif args.eval:
         from ..loading import load
 
         _, tok = load(args.model, drafter=None)
