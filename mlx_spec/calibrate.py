@@ -25,6 +25,9 @@ class CostCurve:
     rounds: list[float] = field(default_factory=list)  # seconds for a whole loop round with k = 0, 1, ... drafts
     batch: list[list[float]] = field(default_factory=list)  # [rows, width, seconds]: a batched target pass
     draft_batch: list[list[float]] = field(default_factory=list)  # [rows, k, seconds]: one drafter pass for rows
+    context: int = 256  # cached tokens behind `verify`, `draft` and `rounds`
+    long_rounds: list[float] = field(default_factory=list)  # `rounds` again, after `long_context` cached tokens
+    long_context: int = 0
 
     @property
     def max_drafts(self) -> int:
@@ -38,8 +41,15 @@ class CostCurve:
         """The ideal round: one target pass over k + 1 tokens and one drafter pass, nothing else."""
         return self.verify[k] + (self.draft[k - 1] if k else 0.0)
 
-    def round_time(self, k: int) -> float:
-        return self.rounds[k] if k < len(self.rounds) else self.pass_time(k)
+    def round_time(self, k: int, context: int | None = None) -> float:
+        """Seconds of a loop round with k drafts; after `context` cached tokens, the growth from `context`
+        to `long_context` carried on linearly in context (attention reads every cached row for every
+        token of the block, so a wide round grows fastest: at 800 tokens a narrower block can win)."""
+        t = self.rounds[k] if k < len(self.rounds) else self.pass_time(k)
+        if context is None or context <= self.context or k >= len(self.long_rounds) or k >= len(self.rounds):
+            return t
+        per_token = max(0.0, self.long_rounds[k] - self.rounds[k]) / (self.long_context - self.context)
+        return t + per_token * (context - self.context)
 
     def batch_time(self, rows: int, width: int) -> float:
         """Seconds of one target pass over `rows` blocks of `width` tokens each: the measured batched
@@ -140,9 +150,9 @@ def _verify_pass(model, pc, ids: list[int]):
     return run
 
 
-def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -> CostCurve:
+def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, long_context: int = 1024) -> CostCurve:
     """Time the target over M = 1..max_width new tokens after `context` cached ones, the drafter,
-    and whole loop rounds with k = 0..max_width-1 drafts."""
+    and whole loop rounds with k = 0..max_width-1 drafts; the rounds again after `long_context`."""
     from .engine.sampling import Sampler, SamplingParams
     from .generate import make_prompt_cache
 
@@ -161,9 +171,24 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9) -
         def propose(k):
             return lambda: mx.eval(model.drafter.propose(state, ids[-1], k, greedy).tokens)
         curve.draft = _timed([propose(k) for k in range(1, max_width)], repeats)
-    curve.rounds = measure_rounds(model, pc, greedy, max_width - 1 if model.drafter is not None else 0, repeats)
-    rounds = monotone(curve.rounds)  # k = 0 is a plain step: another kind of round than drafting ones
-    return CostCurve(linear(monotone(curve.verify)), linear(monotone(curve.draft)), rounds[:1] + linear(rounds[1:]))
+    max_k = max_width - 1 if model.drafter is not None else 0
+    rounds = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, repeats))
+    out = CostCurve(linear(monotone(curve.verify)), linear(monotone(curve.draft)), rounds, context=context)
+    long = min(long_context, model.context_length - 4 * max_width)  # room for the rounds' drafts
+    if long > 2 * context:
+        pc = make_prompt_cache(model)
+        ids = [(i * 7919) % vocab for i in range(long)]
+        for i in range(0, long, 256):  # in chunks, as prefill runs: [long, vocab] logits at once is no small array
+            logits, hidden = model.target(mx.array([ids[i : i + 256]]), pc.cache)
+            pc.add(ids[i : i + 256], hidden)
+            mx.eval(logits)
+        out.long_rounds, out.long_context = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, repeats // 2)), long
+    return out
+
+
+def _smooth_rounds(rounds: list[float]) -> list[float]:
+    rounds = monotone(rounds)
+    return rounds[:1] + linear(rounds[1:])  # k = 0 is a plain step: another kind of round than drafting ones
 
 
 def linear(times: list[float], tolerance: float = 0.05) -> list[float]:
@@ -311,7 +336,7 @@ def curve_key(model) -> str:
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
-             "rounds/5"]  # rounds/5: fastest repetitions, fitted lines, every shape timed in turn
+             "rounds/6"]  # rounds/6: fastest repetitions, fitted lines, every shape timed in turn, long rounds
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -53,6 +53,7 @@ class ControllerConfig:
     # accepted drafts the text is easy, so acceptance rises with depth (flat: deep drafts never get tried)
     lift: float = 0.25
     follow: float = 0.1  # how fast the cost scales follow measured rounds
+    recontext: int = 32  # the context grew this many tokens since the last choice: choose again
 
 
 @dataclass
@@ -105,6 +106,7 @@ class AdaptiveLength:
             self.rounds_off = max(0, config.probe_every - config.first_probe)
         self._choice: int | None = None  # best_length for the current estimates and costs
         self._scale_chosen = list(self.cost_scale)
+        self.context = self._context_chosen = 0  # cached tokens of the round being planned
         self._tick: float | None = None
         self._last_k: int | None = None
         self._probe_left = 0  # a probe is two k = 1 rounds: the second is steady, so it times drafting too
@@ -120,16 +122,20 @@ class AdaptiveLength:
         return alphas
 
     def round_time(self, k: int) -> float:
-        return self.curve.round_time(k) * self.cost_scale[k > 0]
+        return self.curve.round_time(k, self.context) * self.cost_scale[k > 0]
 
     def skip_timing(self) -> None:
         """This round is batched: its time is the batch's, not this request's (see `plan_batch`)."""
         self._tick = self._last_k = None
 
-    def next(self) -> int:
+    def next(self, context: int = 0) -> int:
+        """Drafts for the next round, after `context` cached tokens (longer contexts favour narrower blocks)."""
+        if abs(context - self._context_chosen) >= self.cfg.recontext:
+            self._choice = None
+        self.context = context
         if self._choice is None:
             self._choice = best_length(self.curve, self.estimates(), self.max_k, self.cfg.margin, self.round_time)
-            self._scale_chosen = list(self.cost_scale)
+            self._scale_chosen, self._context_chosen = list(self.cost_scale), context
         k = self._choice
         if k:
             self.interval = self.cfg.probe_every
@@ -178,7 +184,7 @@ class AdaptiveLength:
         self._last_k = k
         if last is None or not steady:  # a switch costs extra once: the run-ahead restarts, the drafter catches up
             return
-        ratio = (now - last) / self.curve.round_time(k)
+        ratio = (now - last) / self.curve.round_time(k, self.context)
         if not 0.25 < ratio < 4:  # a pause (a prefill, another request's turn) is not this round's cost
             return
         i = int(k > 0)

@@ -217,7 +217,7 @@ class ScriptedLengths:
     def __init__(self, ks):
         self.ks, self.i = ks, 0
 
-    def next(self):
+    def next(self, context=0):
         self.i += 1
         return self.ks[(self.i - 1) % len(self.ks)]
 

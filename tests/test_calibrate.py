@@ -3,7 +3,7 @@
 import pytest
 
 import mlx_spec
-from mlx_spec.calibrate import CostCurve, calibrated_curve, monotone
+from mlx_spec.calibrate import CostCurve, calibrated_curve, measure_curve, monotone
 from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory, best_length, expected_tokens
 
 FLAT = CostCurve(verify=[1.0, 1.02, 1.05, 1.07, 1.1, 1.15, 1.2, 1.25, 1.3], draft=[0.05] * 8)  # Apple-like
@@ -68,6 +68,57 @@ def test_calibrated_curve_is_measured_and_cached(target_dir, drafter_dir, monkey
     assert again == curve  # read from the cache, not re-measured
     out = list(mlx_spec.stream_generate(model, tok, "def add(a, b):", 20))  # adaptive by default
     assert out[-1].generation_tokens == 20
+
+
+# Measured shape on this project's CPU (embedded pair, OpenBLAS): at 256 cached tokens 7 drafts cost
+# little more than 3; at 1,024 every extra draft token also reads 1,024 cached rows in every layer.
+ROUNDS_256 = [1.0, 1.3, 1.4, 1.45, 1.55, 1.6, 1.65, 1.7]
+ROUNDS_1024 = [1.2, 1.6, 1.75, 1.85, 2.2, 2.45, 2.7, 2.95]
+
+
+def _long(rounds=ROUNDS_256, long_rounds=ROUNDS_1024):
+    return CostCurve(verify=[1.0] * 8, draft=[0.1] * 7, rounds=list(rounds), context=256,
+                     long_rounds=list(long_rounds), long_context=1024)
+
+
+def test_round_time_carries_on_in_context():
+    curve = _long()
+    for k in range(8):
+        assert curve.round_time(k) == curve.round_time(k, 100) == curve.round_time(k, 256) == ROUNDS_256[k]
+        assert curve.round_time(k, 1024) == pytest.approx(ROUNDS_1024[k])
+        assert curve.round_time(k, 1792) == pytest.approx(2 * ROUNDS_1024[k] - ROUNDS_256[k])  # linear past it
+    dip = _long(long_rounds=[r - 0.05 for r in ROUNDS_256])  # noise: a long context is never cheaper
+    assert dip.round_time(3, 2000) == ROUNDS_256[3]
+    assert CostCurve(verify=[1.0] * 8, draft=[0.1] * 7, rounds=ROUNDS_256).round_time(5, 2000) == ROUNDS_256[5]
+
+
+def test_controller_drafts_less_far_at_a_long_context():
+    alphas = [0.69, 0.55, 0.79, 0.7, 0.86, 0.78, 0.93]  # long prompts, the embedded pair: τ ≈ 3 at block 8
+    assert best_length(_long(), alphas) == 7
+    assert best_length(_long(), alphas, cost=lambda k: _long().round_time(k, 1024)) == 3
+    c = AdaptiveLength(_long(), max_k=7, clock=None)
+    c.hits, c.trials = [a * 100 for a in alphas], [100.0] * 7
+    assert c.next(context=256) == 7
+    assert c.next(context=256 + 31) == 7  # the choice is kept while the context moves little...
+    assert c.next(context=1024) == 3  # ...and made again as it grows
+
+
+def test_controller_times_rounds_against_the_cost_at_their_context():
+    now = [0.0]
+    c = AdaptiveLength(_long(), max_k=7, clock=lambda: now[0])
+    c.hits, c.trials = [90.0] * 7, [100.0] * 7
+    for _ in range(20):  # rounds at 1,024 tokens that take what the curve says they take there
+        k = c.next(context=1024)
+        now[0] += _long().round_time(k, 1024)
+        c.update(k, k)
+    assert c.cost_scale == pytest.approx([1.0, 1.0])  # no load to correct for
+
+
+def test_the_rounds_are_measured_again_at_a_long_context(target_dir, drafter_dir):
+    model, _ = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    curve = measure_curve(model, 4, context=32, repeats=2, long_context=160)
+    assert curve.context == 32 and curve.long_context == 160 and len(curve.long_rounds) == len(curve.rounds) == 4
+    assert all(t > 0 for t in curve.long_rounds)
 
 
 def test_controller_explores_longer_drafts_when_acceptance_is_high():

@@ -55,7 +55,7 @@ class Alternate:
     def __init__(self):
         self.n = 0
 
-    def next(self) -> int:
+    def next(self, context: int = 0) -> int:
         self.n += 1
         return 3 * (self.n % 2 == 0)
 

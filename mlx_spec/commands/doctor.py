@@ -56,6 +56,8 @@ def run(args) -> int:
                               "batch_ms": [[b, w, round(t * 1e3, 3)] for b, w, t in curve.batch],
                               "draft_ms": [round(t * 1e3, 3) for t in curve.draft],
                               "round_ratio": [round(r, 2) for r in curve.round_ratios()],
+                              "long_context": curve.long_context or None,  # the rounds again, after this many tokens
+                              "long_round_ratio": [round(t / curve.rounds[0], 2) for t in curve.long_rounds],
                               "host_ms": [round((curve.round_time(k) - curve.pass_time(k)) * 1e3, 3)
                                           for k in range(1, len(curve.rounds))]}
         from .bench import rollback_line
@@ -91,6 +93,9 @@ def show(info: dict) -> None:
         if c["draft_ms"]:
             t.add_row("draft ms, k=1…", " ".join(f"{x:.2f}" for x in c["draft_ms"]))
             t.add_row("round / plain step, k=0…", " ".join(f"{x:.2f}" for x in c["round_ratio"]))
+            if c["long_round_ratio"]:
+                t.add_row(f"  … at {c['long_context']} tokens", " ".join(f"{x:.2f}" for x in c["long_round_ratio"])
+                          + "  (same unit: longer contexts favour narrower blocks)")
             host = " ".join(f"{x:.2f}" for x in c["host_ms"])
             t.add_row("host ms per round, k=1…", host + "  (round − verify − draft)")
             t.add_row("chosen draft length", ", ".join(f"α={a}: k={k}" for a, k in info["chosen_length"].items()))

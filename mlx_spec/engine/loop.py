@@ -30,7 +30,7 @@ class Round:
 
 
 class DraftLength(Protocol):
-    def next(self) -> int: ...
+    def next(self, context: int = 0) -> int: ...  # context: cached tokens before the round
 
     def update(self, drafted: int, accepted: int) -> None: ...
 
@@ -39,7 +39,7 @@ class FixedLength:
     def __init__(self, k: int):
         self.k = k
 
-    def next(self) -> int:
+    def next(self, context: int = 0) -> int:
         return self.k
 
     def update(self, drafted: int, accepted: int) -> None:
@@ -111,7 +111,7 @@ def step(target, drafter, states: list[DecodeState]) -> list[Round]:
 def plan(s: DecodeState, budget: int | None = None) -> int:
     """The next round's draft length: the controller's choice, within the tokens still wanted."""
     if s.k is None:
-        s.k = min(s.lengths.next(), max(0, (s.remaining if budget is None else budget) - 1))
+        s.k = min(s.lengths.next(len(s.pc.tokens)), max(0, (s.remaining if budget is None else budget) - 1))
     return s.k
 
 
