@@ -31,27 +31,26 @@ PROMPTS = {
 }
 
 
+def _frozen(name: str) -> str:
+    """Code the edit and long prompts rework, frozen (`bench_prompts.json`): were it read from this
+    package's own source, every edit there would change the prompts, and runs could not be compared."""
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "bench_prompts.json").read_text())[name]
+
+
 def edit_prompts() -> list[str]:
     """Copy-heavy requests: the answer repeats most of the prompt (prompt lookup's home ground).
     Code first, then the request: the form the embedded target was trained on."""
-    import inspect
-    import textwrap
-
-    from .stops import StopMatcher
-
-    code = textwrap.dedent(inspect.getsource(StopMatcher._held))
+    code = _frozen("edit_code")
     return [f"```python\n{code}```\n\nRename the variable `best` to `longest` in this function.",
             f"```python\n{code}```\n\nRewrite this function with a docstring."]
 
 
 def long_context_prompt(tokenizer, n_tokens: int) -> list[dict]:
     """A long piece of code to rework, cut to about n_tokens of context."""
-    import inspect
-
-    import mlx_spec.engine.loop as source
-
-    text = inspect.getsource(source)
-    ids = tokenizer.encode(text)
+    ids = tokenizer.encode(_frozen("long_code"))
     while len(ids) < n_tokens:
         ids += ids
     code = tokenizer.decode(ids[:n_tokens])
