@@ -2,6 +2,8 @@
 
 import pytest
 
+import archs
+import factory
 import mlx_spec
 from mlx_spec.calibrate import CostCurve, calibrated_curve, measure_curve, monotone
 from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory, best_length, expected_tokens
@@ -114,8 +116,11 @@ def test_controller_times_rounds_against_the_cost_at_their_context():
     assert c.cost_scale == pytest.approx([1.0, 1.0])  # no load to correct for
 
 
-def test_the_rounds_are_measured_again_at_a_long_context(target_dir, drafter_dir):
-    model, _ = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3_text", "qwen3_next"])  # dense; a ring of 8 that wraps; recurrent
+def test_the_rounds_are_measured_again_at_a_long_context(arch, models_dir, tokenizer_dir):
+    target = archs.make(models_dir / f"long-rounds-{arch}", tokenizer_dir, arch, seed=5)
+    drafter = factory.make_drafter(models_dir / f"long-rounds-{arch}-dflash", target, taps=(0, 2), block_size=4)
+    model, _ = mlx_spec.load(str(target), drafter=str(drafter))
     curve = measure_curve(model, 4, context=32, repeats=2, long_context=160)
     assert curve.context == 32 and curve.long_context == 160 and len(curve.long_rounds) == len(curve.rounds) == 4
     assert all(t > 0 for t in curve.long_rounds)
