@@ -31,6 +31,7 @@ def test_doctor_reports_platform_and_curve(target_dir, drafter_dir, tmp_path):
     curve = info["cost_curve"]
     assert curve["verify_ratio"][0] == 1.0 and len(curve["verify_ratio"]) == 8 and len(curve["draft_ms"]) == 7
     assert curve["round_ratio"][0] == 1.0 and len(curve["round_ratio"]) == 8 and len(curve["host_ms"]) == 7
+    assert curve["long_round_ratio"] == [] and curve["long_context"] is None  # a 512-token model: no long rounds
     assert all(0 <= k <= 7 for k in info["chosen_length"].values())
 
 
