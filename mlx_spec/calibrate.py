@@ -46,7 +46,8 @@ class CostCurve:
         to `long_context` carried on linearly in context (attention reads every cached row for every
         token of the block, so a wide round grows fastest: at 800 tokens a narrower block can win)."""
         t = self.rounds[k] if k < len(self.rounds) else self.pass_time(k)
-        if context is None or context <= self.context or k >= len(self.long_rounds) or k >= len(self.rounds):
+        if (context is None or context <= self.context or self.long_context <= self.context
+                or k >= len(self.long_rounds) or k >= len(self.rounds)):
             return t
         per_token = max(0.0, self.long_rounds[k] - self.rounds[k]) / (self.long_context - self.context)
         return t + per_token * (context - self.context)
@@ -182,7 +183,7 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
             logits, hidden = model.target(mx.array([ids[i : i + 256]]), pc.cache)
             pc.add(ids[i : i + 256], hidden)
             mx.eval(logits)
-        out.long_rounds, out.long_context = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, repeats // 2)), long
+        out.long_rounds, out.long_context = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, max(1, repeats // 2))), long
     return out
 
 

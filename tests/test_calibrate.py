@@ -92,6 +92,8 @@ def test_round_time_carries_on_in_context():
     dip = _long(long_rounds=[r - 0.05 for r in ROUNDS_256])  # noise: a long context is never cheaper
     assert dip.round_time(3, 2000) == ROUNDS_256[3]
     assert CostCurve(verify=[1.0] * 8, draft=[0.1] * 7, rounds=ROUNDS_256).round_time(5, 2000) == ROUNDS_256[5]
+    edited = CostCurve(verify=[1.0] * 8, draft=[0.1] * 7, rounds=ROUNDS_256, long_rounds=ROUNDS_1024)  # no long_context
+    assert edited.round_time(2, 2000) == ROUNDS_256[2]
 
 
 def test_controller_drafts_less_far_at_a_long_context():
