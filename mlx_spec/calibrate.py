@@ -183,8 +183,24 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
             logits, hidden = model.target(mx.array([ids[i : i + 256]]), pc.cache)
             pc.add(ids[i : i + 256], hidden)
             mx.eval(logits)
-        out.long_rounds, out.long_context = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, max(1, repeats // 2))), long
+        long_rounds = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, max(1, repeats // 2)))
+        out.long_rounds, out.long_context = straight_growth(rounds, long_rounds), long
     return out
+
+
+def straight_growth(rounds: list[float], long_rounds: list[float]) -> list[float]:
+    """`long_rounds` with their growth over `rounds` made a straight line in k (never negative): the
+    added context costs attention in proportion to the block's width, k + 1 (plain decoding's k = 0
+    too: a round of another kind, but the same attention per token), and the difference of two
+    separate measurements is noisier than either, a noise that `round_time` then carries on with
+    the context (one calibration here measured no growth at all for k = 0)."""
+    growth = [b - a for a, b in zip(rounds, long_rounds)]
+    n = len(growth)
+    if n > 1:
+        mean_k, mean_g = (n - 1) / 2, sum(growth) / n
+        slope = sum((k - mean_k) * (g - mean_g) for k, g in enumerate(growth)) / sum((k - mean_k) ** 2 for k in range(n))
+        growth = [mean_g + slope * (k - mean_k) for k in range(n)]
+    return [a + max(0.0, g) for a, g in zip(rounds, growth)]
 
 
 def _smooth_rounds(rounds: list[float]) -> list[float]:
@@ -337,7 +353,7 @@ def curve_key(model) -> str:
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
-             "rounds/6"]  # rounds/6: fastest repetitions, fitted lines, every shape timed in turn, long rounds
+             "rounds/8"]  # rounds/8: fastest repetitions, fitted lines, every shape timed in turn, long rounds
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

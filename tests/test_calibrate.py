@@ -5,7 +5,7 @@ import pytest
 import archs
 import factory
 import mlx_spec
-from mlx_spec.calibrate import CostCurve, calibrated_curve, measure_curve, monotone
+from mlx_spec.calibrate import CostCurve, calibrated_curve, measure_curve, monotone, straight_growth
 from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory, best_length, expected_tokens
 
 FLAT = CostCurve(verify=[1.0, 1.02, 1.05, 1.07, 1.1, 1.15, 1.2, 1.25, 1.3], draft=[0.05] * 8)  # Apple-like
@@ -94,6 +94,17 @@ def test_round_time_carries_on_in_context():
     assert CostCurve(verify=[1.0] * 8, draft=[0.1] * 7, rounds=ROUNDS_256).round_time(5, 2000) == ROUNDS_256[5]
     edited = CostCurve(verify=[1.0] * 8, draft=[0.1] * 7, rounds=ROUNDS_256, long_rounds=ROUNDS_1024)  # no long_context
     assert edited.round_time(2, 2000) == ROUNDS_256[2]
+
+
+def test_the_growth_with_context_is_a_straight_line_in_k():
+    base = [1.0, 1.3, 1.4, 1.5, 1.6]
+    noisy = [1.0 + 0.0, 1.3 + 0.10, 1.4 + 0.35, 1.5 + 0.25, 1.6 + 0.40]  # ~0.1 per draft, noisy; none for plain
+    got = straight_growth(base, noisy)
+    growth = [g - b for g, b in zip(got, base)]
+    steps = [b - a for a, b in zip(growth, growth[1:])]
+    assert all(s == pytest.approx(steps[0]) for s in steps) and steps[0] > 0 and growth[0] > 0
+    assert sum(growth) == pytest.approx(0.10 + 0.35 + 0.25 + 0.40)  # least squares: the same mean
+    assert straight_growth(base, [b - 0.1 for b in base]) == base  # a long context never costs less
 
 
 def test_controller_drafts_less_far_at_a_long_context():
