@@ -178,11 +178,7 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
     long = min(long_context, model.context_length - 4 * max_width)  # room for the rounds' drafts
     if long > 2 * context:
         pc = make_prompt_cache(model)
-        ids = [(i * 7919) % vocab for i in range(long)]
-        for i in range(0, long, 256):  # in chunks, as prefill runs: [long, vocab] logits at once is no small array
-            logits, hidden = model.target(mx.array([ids[i : i + 256]]), pc.cache)
-            pc.add(ids[i : i + 256], hidden)
-            mx.eval(logits)
+        _fill_rows(model, [pc], [long])
         long_rounds = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, max(1, repeats // 2)))
         out.long_rounds, out.long_context = straight_growth(rounds, long_rounds), long
     return out
@@ -294,14 +290,15 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     return [[b, w, t] for (b, w), t in zip(shapes, _timed([run(b, w) for b, w in shapes], repeats))]
 
 
-def _fill_rows(model, pcs: list, lengths: list[int]) -> None:
+def _fill_rows(model, pcs: list, lengths: list[int], chunk: int = 256) -> None:
     """Each row's cache filled with its own context of the given length (and its drafter fed), as in a
-    real batch."""
+    real batch; in chunks, as prefill runs ([n, vocab] logits at once is no small array)."""
     for r, (pc, n) in enumerate(zip(pcs, lengths)):
         ids = [(i * 7919 + r * 31) % model.vocab_size for i in range(n)]
-        out, hidden = model.target(mx.array([ids]), pc.cache)
-        pc.add(ids, hidden)
-        mx.eval(out)
+        for i in range(0, n, chunk):
+            out, hidden = model.target(mx.array([ids[i : i + chunk]]), pc.cache)
+            pc.add(ids[i : i + chunk], hidden)
+            mx.eval(out)
 
 
 def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, repeats: int = 3) -> list[list[float]]:
