@@ -191,11 +191,8 @@ def straight_growth(rounds: list[float], long_rounds: list[float]) -> list[float
     separate measurements is noisier than either, a noise that `round_time` then carries on with
     the context (one calibration here measured no growth at all for k = 0)."""
     growth = [b - a for a, b in zip(rounds, long_rounds)]
-    n = len(growth)
-    if n > 1:
-        mean_k, mean_g = (n - 1) / 2, sum(growth) / n
-        slope = sum((k - mean_k) * (g - mean_g) for k, g in enumerate(growth)) / sum((k - mean_k) ** 2 for k in range(n))
-        growth = [mean_g + slope * (k - mean_k) for k in range(n)]
+    if len(growth) > 1:
+        growth = _least_squares(growth)
     return [a + max(0.0, g) for a, g in zip(rounds, growth)]
 
 
@@ -210,14 +207,19 @@ def linear(times: list[float], tolerance: float = 0.05) -> list[float]:
     small steps that are load, not the model: one at 7 drafts once made the controller stop at 5 where
     7 paid (12% slower than a fixed block on code). A curve that is flat and then climbs (a GPU past a
     kernel's tile) is real, and stays."""
-    n = len(times)
-    if n < 3:
+    if len(times) < 3:
         return list(times)
-    mean_x, mean_y = (n - 1) / 2, sum(times) / n
-    slope = max(0.0, sum((i - mean_x) * (t - mean_y) for i, t in enumerate(times))
-                / sum((i - mean_x) ** 2 for i in range(n)))
-    line = [mean_y + slope * (i - mean_x) for i in range(n)]
+    line = _least_squares(times, min_slope=0.0)
     return line if all(abs(f - t) <= tolerance * t for f, t in zip(line, times)) else list(times)
+
+
+def _least_squares(ys: list[float], min_slope: float = float("-inf")) -> list[float]:
+    """The least-squares line through ys[0], ys[1], ... (at least two points), its slope at least min_slope."""
+    n = len(ys)
+    mean_x, mean_y = (n - 1) / 2, sum(ys) / n
+    slope = max(min_slope, sum((i - mean_x) * (y - mean_y) for i, y in enumerate(ys))
+                / sum((i - mean_x) ** 2 for i in range(n)))
+    return [mean_y + slope * (i - mean_x) for i in range(n)]
 
 
 def monotone(times: list[float]) -> list[float]:
