@@ -28,6 +28,9 @@ class CostCurve:
     context: int = 256  # cached tokens behind `verify`, `draft` and `rounds`
     long_rounds: list[float] = field(default_factory=list)  # `rounds` again, after `long_context` cached tokens
     long_context: int = 0
+    # the most cached rows each of the target's attention layers reads (0: all of them; recurrent layers,
+    # whose state does not grow, are left out); None: not known (every layer reads the whole context)
+    spans: list[int] | None = None
 
     @property
     def max_drafts(self) -> int:
@@ -43,14 +46,24 @@ class CostCurve:
 
     def round_time(self, k: int, context: int | None = None) -> float:
         """Seconds of a loop round with k drafts; after `context` cached tokens, the growth from `context`
-        to `long_context` carried on linearly in context (attention reads every cached row for every
-        token of the block, so a wide round grows fastest: at 800 tokens a narrower block can win)."""
+        to `long_context` carried on in proportion to the cached rows attention reads (every token of
+        the block reads them all, so a wide round grows fastest: at 800 tokens a narrower block can
+        win). A sliding-window layer stops growing at its window; a recurrent one never grows."""
         t = self.rounds[k] if k < len(self.rounds) else self.pass_time(k)
         if (context is None or context <= self.context or self.long_context <= self.context
                 or k >= len(self.long_rounds) or k >= len(self.rounds)):
             return t
-        per_token = max(0.0, self.long_rounds[k] - self.rounds[k]) / (self.long_context - self.context)
-        return t + per_token * (context - self.context)
+        measured = self.rows_read(self.long_context) - self.rows_read(self.context)
+        if measured <= 0:
+            return t
+        per_row = max(0.0, self.long_rounds[k] - self.rounds[k]) / measured
+        return t + per_row * (self.rows_read(context) - self.rows_read(self.context))
+
+    def rows_read(self, context: int) -> int:
+        """Cached rows the target's attention layers read in all, per query, after `context` tokens."""
+        if self.spans is None:
+            return context
+        return sum(min(context, s) if s else context for s in self.spans)
 
     def batch_time(self, rows: int, width: int) -> float:
         """Seconds of one target pass over `rows` blocks of `width` tokens each: the measured batched
@@ -154,6 +167,7 @@ def _verify_pass(model, pc, ids: list[int]):
 def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, long_context: int = 1024) -> CostCurve:
     """Time the target over M = 1..max_width new tokens after `context` cached ones, the drafter,
     and whole loop rounds with k = 0..max_width-1 drafts; the rounds again after `long_context`."""
+    from .engine.rollback import attention_spans
     from .engine.sampling import Sampler, SamplingParams
     from .generate import make_prompt_cache
 
@@ -181,6 +195,7 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
         _fill_rows(model, [pc], [long])
         long_rounds = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, max(1, repeats // 2)))
         out.long_rounds, out.long_context = straight_growth(rounds, long_rounds), long
+        out.spans = attention_spans(pc.cache)
     return out
 
 
@@ -352,7 +367,7 @@ def curve_key(model) -> str:
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
-             "rounds/8"]  # rounds/8: fastest repetitions, fitted lines, every shape timed in turn, long rounds
+             "rounds/9"]  # rounds/9: fastest repetitions, fitted lines, every shape timed in turn, long rounds, spans
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -161,6 +161,14 @@ class AdaptiveLength:
             return True
         return False
 
+    def join_probe(self) -> bool:
+        """The batched pass is wider than one token anyway (another request drafts or probes): a request
+        still testing its predecessors' estimates drafts with it, for a drafter row, not a wider pass."""
+        if self.inherited and self.judged < self.cfg.fresh_probes and self.max_k and self.can_pay:
+            self.plain_rounds = 0
+            return True
+        return False
+
     def update(self, drafted: int, accepted: int) -> None:
         self._time_round(drafted)
         if not drafted:  # a plain round tells nothing about acceptance: keep the estimates as they are
@@ -209,7 +217,8 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     draft lengths (`FixedLength`) keep theirs. The batch's measured round times rescale the batch
     costs (plain and drafting passes apart), as `AdaptiveLength` does for one request. A new request
     whose estimates are its predecessors' probes soon (`AdaptiveLength.probe_in_batch`: one token in
-    the pass); and after `probe_every` batched rounds in a row where nobody drafted, every request
+    the pass), and in any pass that is wider than one token anyway (`join_probe`: one widened pass
+    for the batch's new requests, not one each); and after `probe_every` batched rounds in a row where nobody drafted, every request
     drafts one token once. Sets and returns each state's `k`.
     """
     adaptive = [s for s in states if isinstance(s.lengths, AdaptiveLength)]
@@ -250,6 +259,10 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     for s in probes:  # a new request testing its predecessors' estimates: as far as the pass is wide anyway
         ks[id(s)] = min(max(1, width - 1), caps[id(s)])
     width = max(width, 2 if probes else 1)
+    if width > 1:  # the pass is wide anyway: fresh requests probe with it rather than each widening one
+        for s in adaptive:
+            if not ks[id(s)] and caps[id(s)] and s.lengths.join_probe():
+                ks[id(s)] = min(width - 1, caps[id(s)])
     if memory is not None and top > 1:
         memory.batch_off = memory.batch_off + 1 if width == 1 else 0
         if memory.batch_off >= probe_every:  # a probe: one token each, a pass two wide

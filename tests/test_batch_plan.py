@@ -9,7 +9,7 @@ import pytest
 import factory
 import mlx_spec
 from mlx_spec.calibrate import CostCurve
-from mlx_spec.controller import AdaptiveLength, ControllerMemory, plan_batch
+from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory, plan_batch
 from mlx_spec.engine.loop import FixedLength
 from mlx_spec.engine.sampling import Sampler, SamplingParams
 from mlx_spec.generate import Generation, encode_prompt, step_all
@@ -183,3 +183,22 @@ def test_new_requests_in_a_batch_test_their_predecessors_estimates_soon():
     first = next(i for i, p in enumerate(plans) if any(p))
     assert first <= 5 and all(k == 1 for k in plans[first])  # every new request probes one token, soon
     assert all(k >= 4 for k in plans[-1])  # and, finding the drafts good, they draft long
+
+
+def test_new_requests_arriving_apart_probe_in_one_widened_pass():
+    """Four requests join a plain batch (where a widened pass is dear) one round apart, inheriting
+    estimates that say drafts fail, and the drafts do fail (raw text). Each tests those estimates
+    `fresh_probes` times: in shared widened passes, not in widened passes of its own."""
+    steep, memory = curve(0.5), ControllerMemory(alphas=[0.02] * 7)
+    states, widened = [row(steep, 0.0) for _ in range(4)], 0
+    for i in range(40):
+        if i < 4:
+            lengths = AdaptiveLength(steep, 7, memory=memory, clock=None)
+            states.append(SimpleNamespace(lengths=lengths, k=lengths.next(), remaining=1 << 30))
+        widened += any(plan_batch(states))
+        for s in states:
+            s.lengths.update(s.k, 0)
+            s.k = s.lengths.next()
+    fresh = ControllerConfig().fresh_probes
+    assert all(s.lengths.judged == fresh for s in states[4:])
+    assert widened == fresh  # each in passes of its own: 4x as many

@@ -96,6 +96,25 @@ def test_round_time_carries_on_in_context():
     assert edited.round_time(2, 2000) == ROUNDS_256[2]
 
 
+def test_the_growth_stops_at_a_sliding_window_and_skips_recurrent_layers():
+    # two layers: a window of 512 rows and a global one. 256 -> 1,024 tokens reads 768 + 256 more rows;
+    # past 1,024 only the global layer grows: half the all-global rate per token
+    windowed = _long()
+    windowed.spans = [512, 0]
+    grew = ROUNDS_1024[5] - ROUNDS_256[5]
+    assert windowed.round_time(5, 1024) == pytest.approx(ROUNDS_1024[5])
+    assert windowed.round_time(5, 512) == pytest.approx(ROUNDS_256[5] + grew * 512 / 1024)
+    assert windowed.round_time(5, 2048) == pytest.approx(ROUNDS_1024[5] + grew * 1024 / 1024)
+    assert _long().round_time(5, 2048) == pytest.approx(ROUNDS_1024[5] + grew * 1024 / 768)  # global only
+    local = _long()
+    local.spans = [512, 512, 0]  # two windowed layers of three: rows read 768 at 256, 2,048 at 1,024
+    assert local.round_time(5, 10_000) == pytest.approx(ROUNDS_256[5] + grew * (2 * 512 + 10_000 - 768) / 1280)
+    for spans in ([128], []):  # every window full before the calibration's context; recurrent layers only
+        flat = _long()
+        flat.spans = spans
+        assert flat.round_time(5, 4096) == ROUNDS_256[5]
+
+
 def test_the_growth_with_context_is_a_straight_line_in_k():
     base = [1.0, 1.3, 1.4, 1.5, 1.6]
     noisy = [1.0 + 0.0, 1.3 + 0.10, 1.4 + 0.35, 1.5 + 0.25, 1.6 + 0.40]  # ~0.1 per draft, noisy; none for plain
@@ -137,6 +156,9 @@ def test_the_rounds_are_measured_again_at_a_long_context(arch, models_dir, token
     curve = measure_curve(model, 4, context=32, repeats=2, long_context=160)
     assert curve.context == 32 and curve.long_context == 160 and len(curve.long_rounds) == len(curve.rounds) == 4
     assert all(t > 0 for t in curve.long_rounds)
+    layers = len(model.target.model.layers)
+    want = {"qwen3": [0] * layers, "gemma3_text": [8, 0] * (layers // 2), "qwen3_next": [0] * (layers // 2)}[arch]
+    assert curve.spans == want  # what each attention layer reads grows with the context; recurrent states do not
 
 
 def test_controller_explores_longer_drafts_when_acceptance_is_high():

@@ -70,6 +70,13 @@ def leaves(caches: list) -> list:
     return out
 
 
+def attention_spans(caches: list) -> list[int]:
+    """The most cached rows each attention layer's cache holds for a query to read (0: every row);
+    recurrent states, a fixed size whatever the context, are left out."""
+    return [c.max_size if isinstance(c, RotatingKVCache) else 0 for c in leaves(caches)
+            if isinstance(c, (RotatingKVCache, *PLAIN_KV))]
+
+
 def can_roll_back(c) -> bool:
     return type(c) in PLAIN_KV or isinstance(c, (SpecRotatingKVCache, RecurrentCache))
 
