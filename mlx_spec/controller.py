@@ -210,7 +210,7 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     """Draft lengths for one batched verify pass, from the batch's width and each request's own acceptance.
 
     Every block is padded to the widest, so the pass costs `curve.batch_time(rows, W)` whoever
-    drafts, and the drafting requests share one drafter pass, `curve.draft_time(m, W-1)`: for each
+    drafts (and, at each row's context, what that context adds to a round W wide), and the drafting requests share one drafter pass, `curve.draft_time(m, W-1)`: for each
     width W the m requests with the most expected gain, E[tokens | W-1] - 1, draft W-1 tokens, m
     chosen for the most expected tokens per second, the others run plain in the same pass; the W
     with the most wins, and drafting must beat an all-plain pass by `margin`. Requests with fixed
@@ -234,10 +234,16 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     gains = {id(s): s.lengths.estimates() for s in adaptive}
     fixed_tokens = sum(1 + 0.5 * s.k for s in fixed)  # their yield does not depend on W
     fixed_drafting = sum(1 for s in fixed if s.k)  # they share the drafter pass too
+    contexts = [s.lengths.context for s in adaptive]
+
+    def pass_time(width):
+        """The batched pass, plus what each row's context adds to a round that wide (`round_time`)."""
+        k = width - 1
+        return curve.batch_time(b, width) + sum(curve.round_time(k, c) - curve.round_time(k) for c in contexts)
 
     def option(width):
         """(expected tokens per second, k per adaptive request) for a pass `width` wide."""
-        cost, tokens = curve.batch_time(b, width) * scale[width > 1], fixed_tokens + len(adaptive)
+        cost, tokens = pass_time(width) * scale[width > 1], fixed_tokens + len(adaptive)
         reach = [min(width - 1, caps[id(s)]) for s in adaptive]  # the drafts each request could make
         offers = [(expected_tokens(gains[id(s)], k) - 1, i) for i, (s, k) in enumerate(zip(adaptive, reach)) if k]
         offers.sort(key=lambda o: -o[0])  # the most expected gain first
@@ -269,7 +275,7 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
             memory.batch_off, width = 0, 2
             ks = {id(s): min(1, caps[id(s)]) for s in adaptive}
     drafting = fixed_drafting + sum(1 for k in ks.values() if k)
-    predicted = curve.batch_time(b, width) + curve.draft_time(drafting, width - 1)
+    predicted = pass_time(width) + curve.draft_time(drafting, width - 1)
     _time_batch(memory, b, width > 1, predicted, follow)
     for s in adaptive:
         s.k = ks[id(s)]

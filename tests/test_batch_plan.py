@@ -202,3 +202,20 @@ def test_new_requests_arriving_apart_probe_in_one_widened_pass():
     fresh = ControllerConfig().fresh_probes
     assert all(s.lengths.judged == fresh for s in states[4:])
     assert widened == fresh  # each in passes of its own: 4x as many
+
+
+def test_a_batch_at_a_long_context_drafts_less_far():
+    """At 256 cached tokens per row the batch drafts its full blocks; at 4,096 every row's attention over
+    its context makes each extra token of width dear (the growth `round_time` measured), and the plan
+    narrows, where the batched curve alone (measured at a short context) would not."""
+    c = curve(0.02)
+    c.rounds, c.context = [1.0 + 0.05 * k for k in range(8)], 256
+    c.long_rounds, c.long_context = [r + 0.02 * (k + 1) for k, r in enumerate(c.rounds)], 1024
+
+    def plan_at(context):
+        states = [row(c, 0.8) for _ in range(4)]
+        for s in states:
+            s.k = s.lengths.next(context)
+        return plan_batch(states)
+    short, long = plan_at(256), plan_at(4096)
+    assert short == [7] * 4 and 0 < max(long) < 7
