@@ -172,11 +172,9 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
     from .generate import make_prompt_cache
 
     vocab = model.vocab_size
-    ids = [(i * 7919) % vocab for i in range(context)]
+    ids = [(i * 7919) % vocab for i in range(context)]  # what _fill_rows fills its first row with
     pc = make_prompt_cache(model)
-    logits, hidden = model.target(mx.array([ids]), pc.cache)
-    pc.add(ids, hidden)
-    mx.eval(logits)
+    _fill_rows(model, [pc], [context])
 
     curve = CostCurve(_timed([_verify_pass(model, pc, ids[:m]) for m in range(1, max_width + 1)], repeats), [])
     greedy = Sampler(SamplingParams(), vocab)
@@ -187,15 +185,18 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
             return lambda: mx.eval(model.drafter.propose(state, ids[-1], k, greedy).tokens)
         curve.draft = _timed([propose(k) for k in range(1, max_width)], repeats)
     max_k = max_width - 1 if model.drafter is not None else 0
-    rounds = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, repeats))
-    out = CostCurve(linear(monotone(curve.verify)), linear(monotone(curve.draft)), rounds, context=context)
-    long = min(long_context, model.context_length - 4 * max_width)  # room for the rounds' drafts
+    pcs, long = [pc], min(long_context, model.context_length - 4 * max_width)  # room for the rounds' drafts
     if long > 2 * context:
-        pc = make_prompt_cache(model)
-        _fill_rows(model, [pc], [long])
-        long_rounds = _smooth_rounds(measure_rounds(model, pc, greedy, max_k, max(1, repeats // 2)))
-        out.long_rounds, out.long_context = straight_growth(rounds, long_rounds), long
-        out.spans = attention_spans(pc.cache)
+        pcs.append(make_prompt_cache(model))
+        _fill_rows(model, pcs[1:], [long])
+    # both contexts' rounds take turns, equally often: timed apart, a burst of load in one phase read as
+    # growth with the context (or hid it), and round_time carries that growth on with the context
+    measured = measure_rounds(model, pcs, greedy, max_k, max(1, 2 * repeats // 3))
+    rounds, *long_rounds = [_smooth_rounds(r) for r in measured]
+    out = CostCurve(linear(monotone(curve.verify)), linear(monotone(curve.draft)), rounds, context=context)
+    if long_rounds:
+        out.long_rounds, out.long_context = straight_growth(rounds, long_rounds[0]), long
+        out.spans = attention_spans(pcs[1].cache)
     return out
 
 
@@ -207,7 +208,7 @@ def straight_growth(rounds: list[float], long_rounds: list[float]) -> list[float
     the context (one calibration here measured no growth at all for k = 0)."""
     growth = [b - a for a, b in zip(rounds, long_rounds)]
     if len(growth) > 1:
-        growth = _least_squares(growth)
+        growth = _least_squares(growth, min_slope=0.0)  # a wider block never grows less
     return [a + max(0.0, g) for a, g in zip(rounds, growth)]
 
 
@@ -249,8 +250,9 @@ def monotone(times: list[float]) -> list[float]:
     return [m for m, n in blocks for _ in range(n)]
 
 
-def measure_rounds(model, pc, sampler, max_k: int, repeats: int) -> list[float]:
-    """Seconds per round of the real loop with k = 0..max_k drafts (k = 0: pipelined plain decoding).
+def measure_rounds(model, pcs: list, sampler, max_k: int, repeats: int) -> list[list[float]]:
+    """Seconds per round of the real loop with k = 0..max_k drafts (k = 0: pipelined plain decoding),
+    after each cache's context.
 
     The widths take turns within each repetition, so a burst of load on the machine hits all of them
     rather than skewing one; each k's time is the fastest repetition (a median still took in bursts: a
@@ -258,21 +260,22 @@ def measure_rounds(model, pc, sampler, max_k: int, repeats: int) -> list[float]:
     looked free, and it stays cached)."""
     from .engine.loop import DecodeState, FixedLength, settle, step
 
-    start, anchor = pc.mark(), pc.tokens[-1]
-    times: list[list[float]] = [[] for _ in range(max_k + 1)]
+    starts = [(pc.mark(), pc.tokens[-1]) for pc in pcs]
+    times = [[[] for _ in range(max_k + 1)] for _ in pcs]
     for rep in range(repeats + 1):  # the first repetition warms up
         for k in range(max_k + 1):
-            s = DecodeState(pc, sampler, FixedLength(k), anchor=anchor)
-            step(model.target, model.drafter, [s])  # the steady state: running ahead, the drafter fed
-            n = 4 if k == 0 else 2
-            tic = time.perf_counter()
-            for _ in range(n):
-                step(model.target, model.drafter, [s])
-            if rep:
-                times[k].append((time.perf_counter() - tic) / n)
-            settle(s)
-            pc.back_to(start)  # (several rounds back: a hybrid's recurrent state only from a mark)
-    return [min(t) for t in times]  # other jobs only ever add time: the quietest repetition is the cost
+            for pc, (start, anchor), ts in zip(pcs, starts, times):
+                s = DecodeState(pc, sampler, FixedLength(k), anchor=anchor)
+                step(model.target, model.drafter, [s])  # the steady state: running ahead, the drafter fed
+                n = 4 if k == 0 else 2
+                tic = time.perf_counter()
+                for _ in range(n):
+                    step(model.target, model.drafter, [s])
+                if rep:
+                    ts[k].append((time.perf_counter() - tic) / n)
+                settle(s)
+                pc.back_to(start)  # (several rounds back: a hybrid's recurrent state only from a mark)
+    return [[min(t) for t in ts] for ts in times]  # other jobs only ever add time: the quietest repetition is the cost
 
 
 BATCH_WIDTHS = (1, 2, 3, 4, 6, 8)
@@ -367,7 +370,7 @@ def curve_key(model) -> str:
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
-             "rounds/9"]  # rounds/9: fastest repetitions, fitted lines, every shape timed in turn, long rounds, spans
+             "rounds/10"]  # rounds/10: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -124,6 +124,8 @@ def test_the_growth_with_context_is_a_straight_line_in_k():
     assert all(s == pytest.approx(steps[0]) for s in steps) and steps[0] > 0 and growth[0] > 0
     assert sum(growth) == pytest.approx(0.10 + 0.35 + 0.25 + 0.40)  # least squares: the same mean
     assert straight_growth(base, [b - 0.1 for b in base]) == base  # a long context never costs less
+    shrinking = straight_growth(base, [b + 0.2 - 0.04 * k for k, b in enumerate(base)])  # noise at k = 0
+    assert [g - b for g, b in zip(shrinking, base)] == pytest.approx([0.12] * 5)  # a wider block never grows less
 
 
 def test_controller_drafts_less_far_at_a_long_context():
@@ -132,9 +134,10 @@ def test_controller_drafts_less_far_at_a_long_context():
     assert best_length(_long(), alphas, cost=lambda k: _long().round_time(k, 1024)) == 3
     c = AdaptiveLength(_long(), max_k=7, clock=None)
     c.hits, c.trials = [a * 100 for a in alphas], [100.0] * 7
-    assert c.next(context=256) == 7
-    assert c.next(context=256 + 31) == 7  # the choice is kept while the context moves little...
-    assert c.next(context=1024) == 3  # ...and made again as it grows
+    assert c.next(context=360) == 7
+    assert c.next(context=385) == 7  # the choice is kept while the context moves little (fresh: 6)...
+    assert c.next(context=392) == 6  # ...and made again once it has moved `recontext` tokens
+    assert c.next(context=1024) == 3
 
 
 def test_controller_times_rounds_against_the_cost_at_their_context():

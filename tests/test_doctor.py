@@ -46,3 +46,16 @@ def test_in_process_blas_detection():
 def test_cli_runs_on_optimized_blas_unless_opted_out():
     assert doctor("--no-curve")["blas"]["reference"] is False
     assert doctor("--no-curve", MLX_SPEC_BLAS="bundled")["blas"]["reference"] is True
+
+
+def test_doctor_table_shows_the_long_rounds(capsys):
+    from mlx_spec.commands.doctor import show
+
+    info = {k: "-" for k in ("mlx_spec", "mlx", "mlx_lm", "python", "os", "device", "metal", "cuda", "memory_gib")}
+    info |= {"blas": {"advice": "openblas"}, "model": "t", "drafter": "d", "chosen_length": {"0.7": 3},
+             "cost_curve": {"t1_ms": 10.0, "plain_step_ms": 9.0, "verify_ratio": [1.0, 1.1], "draft_ms": [1.5],
+                            "round_ratio": [1.0, 1.3], "long_context": 1024, "long_round_ratio": [1.2, 1.75],
+                            "host_ms": [0.4]}}
+    show(info)
+    out = capsys.readouterr().out
+    assert "… at 1024 tokens" in out and "1.20 1.75" in out and "round / plain step, k=0…" in out
