@@ -9,6 +9,7 @@ from mlx.utils import tree_flatten
 
 import factory
 import mlx_spec
+from mlx_spec.errors import MlxSpecError
 from mlx_spec.loading import Loaded
 from mlx_spec.train.checkpoint import load_checkpoint, save_checkpoint
 from mlx_spec.train.data import DataConfig, generate_data, read_prompts
@@ -113,3 +114,26 @@ def test_prompt_files(tmp_path):
     bad.write_text('{"nope": 1}\n')
     with pytest.raises(mlx_spec.MlxSpecError, match="bad.jsonl:1"):
         read_prompts(bad)
+
+
+def test_a_checkpoint_of_another_run_is_refused(tmp_path, shallow):
+    """Resuming with other settings would load mismatched weights (or none: MLX only checks shapes when
+    strict) and go on as if it were the same run; a new step count is a schedule change, and goes on."""
+    model, tok = shallow
+    cfg = DrafterTrainConfig(out=tmp_path, target_layer_ids=[0, 1], block_size=4)
+    saved = new_drafter(model.target, model.config, tok, cfg)
+    opt = optim.AdamW(learning_rate=1e-3)
+    opt.init(saved.trainable_parameters())
+    save_checkpoint(tmp_path / "ckpt", saved, opt, 7, cfg)
+    longer = DrafterTrainConfig(out=tmp_path, target_layer_ids=[0, 1], block_size=4, steps=9000, lr=1e-4)
+    assert load_checkpoint(tmp_path / "ckpt", *_fresh_state(model, tok, tmp_path), longer) == 7
+    for other in (dict(target_layer_ids=[0]), dict(block_size=8), dict(seed=3), dict(loss="auf")):
+        changed = DrafterTrainConfig(**{**dict(out=tmp_path, target_layer_ids=[0, 1], block_size=4), **other})
+        with pytest.raises(MlxSpecError, match="checkpoint of another run.*" + next(iter(other))):
+            load_checkpoint(tmp_path / "ckpt", *_fresh_state(model, tok, tmp_path), changed)
+    deeper = DrafterTrainConfig(out=tmp_path, target_layer_ids=[0, 1], block_size=4, num_layers=2)
+    d = new_drafter(model.target, model.config, tok, deeper)  # other weights (no settings to compare)
+    o = optim.AdamW(learning_rate=1e-3)
+    o.init(d.trainable_parameters())
+    with pytest.raises(MlxSpecError, match="other weights"):
+        load_checkpoint(tmp_path / "ckpt", d, o)

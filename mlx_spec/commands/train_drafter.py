@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
-    from ..train.config import DrafterTrainConfig
+    from ..train.config import DrafterTrainConfig, steps
     from ..train.data import DataConfig
 
     d, dd = DrafterTrainConfig(), DataConfig()
@@ -30,8 +30,9 @@ def add_arguments(p) -> None:
                    help="drafter attends to the last N-1 context rows only (flat draft cost at long context)")
     p.add_argument("--init-drafter", type=Path, default=None, help="fine-tune this drafter instead of a new one")
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--until", type=int, default=None,
-                   help="stop after this step (checkpointed, nothing written); rerun without it to go on")
+    p.add_argument("--until", type=steps, default=None,
+                   help="stop after this many steps, short of --steps (checkpointed, nothing written; 0: the data only); "
+                        "rerun without it to go on")
 
 
 def run(args) -> int:
@@ -77,7 +78,9 @@ def run(args) -> int:
     path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None,
                          init=init, until=args.until)
     if path is None:
-        print(f"stopped at step {args.until}; checkpoint in {args.out / 'checkpoint'}")
+        from ..train.checkpoint import stopped
+
+        print(stopped(args.out / "checkpoint"))
         return 0
     print(f"drafter written to {path}")
     if evals:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 def add_arguments(p) -> None:
     from ..train.corpus import DEBIAN_DOCS
-    from ..train.config import TargetTrainConfig
+    from ..train.config import TargetTrainConfig, steps
 
     d = TargetTrainConfig()
     p.add_argument("--out", type=Path, default=d.out, help="run folder: data, checkpoint, log, exported model")
@@ -27,8 +27,9 @@ def add_arguments(p) -> None:
     p.add_argument("--long-chats", type=int, default=0, help="long-context mix: joined multi-turn chats")
     p.add_argument("--warmup", type=int, default=d.warmup)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
-    p.add_argument("--until", type=int, default=None,
-                   help="stop after this step (checkpointed, nothing exported); rerun without it to go on")
+    p.add_argument("--until", type=steps, default=None,
+                   help="stop after this many steps, short of --steps (checkpointed, nothing exported; 0: the data only); "
+                        "rerun without it to go on")
     p.add_argument("--init-from", type=Path, default=None, help="start from an exported model's weights")
     p.add_argument("--quantize-8bit", type=Path, default=None, help="also write an 8-bit copy here")
 
@@ -47,7 +48,9 @@ def run(args) -> int:
     )
     exported = train(cfg, init_from=args.init_from, until=args.until)
     if exported is None:
-        print(f"stopped at step {args.until}; checkpoint in {args.out / 'checkpoint'}")
+        from ..train.checkpoint import stopped
+
+        print(stopped(args.out / "checkpoint"))
         return 0
     print(f"model written to {exported}")
     if args.quantize_8bit:

@@ -10,6 +10,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
+from ..errors import MlxSpecError
+
 
 def save_checkpoint(path: Path, model, optimizer, step: int, config=None) -> None:
     tmp = path.with_name(path.name + ".tmp")
@@ -23,11 +25,37 @@ def save_checkpoint(path: Path, model, optimizer, step: int, config=None) -> Non
     tmp.rename(path)
 
 
-def load_checkpoint(path: Path, model, optimizer) -> int:
-    """Restore in place; returns the step to continue from."""
-    model.load_weights(str(path / "weights.safetensors"), strict=False)
+def load_checkpoint(path: Path, model, optimizer, config=None) -> int:
+    """Restore in place; returns the step to continue from. The checkpoint must hold this model's
+    trainable weights, shape for shape, and have been started with the same `config.same_run` fields
+    (what makes it the same run; the step count or learning rate may change on resume)."""
+    same = getattr(config, "same_run", ())
+    weights = mx.load(str(path / "weights.safetensors"))
+    meta = json.loads((path / "state.json").read_text())
+    ours = {k: v.shape for k, v in tree_flatten(model.trainable_parameters())}
+    theirs = {k: v.shape for k, v in weights.items()}
+    stored = meta.get("config") or {}
+    changed = [f"{f}: {stored.get(f)!r} there, {_field(config, f)!r} now" for f in same if _field(config, f) != stored.get(f)]
+    if ours != theirs and not changed:
+        differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
+        changed = [f"other weights: {', '.join(differ[:3])}" + (", …" if len(differ) > 3 else "")]
+    if changed:
+        raise MlxSpecError(f"{path} is a checkpoint of another run ({'; '.join(changed)}): resume with the "
+                           "settings it was started with, or train into a fresh --out")
+    model.load_weights(list(weights.items()), strict=False)
     optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
-    return json.loads((path / "state.json").read_text())["step"]
+    return meta["step"]
+
+
+def stopped(path: Path) -> str:
+    """What a run stopped by --until says (the checkpoint's step: a rerun may already have been past it)."""
+    step = json.loads((path / "state.json").read_text())["step"]
+    return f"stopped at step {step}; checkpoint in {path}; rerun without --until to go on"
+
+
+def _field(config, name: str):
+    value = getattr(config, name)
+    return _jsonable(asdict(value) if is_dataclass(value) else value)
 
 
 def _jsonable(obj):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
+from typing import ClassVar
 from pathlib import Path
 
 from .corpus import CorpusConfig
@@ -28,6 +30,9 @@ class DrafterTrainConfig:
     checkpoint_every: int = 100
     eval_every: int = 250
     seed: int = 0
+    # what a resumed run must share with the checkpoint's (the step count and learning rate may change)
+    same_run: ClassVar[tuple] = ("block_size", "num_layers", "target_layer_ids", "sequences_per_step",
+                                 "anchors_per_sequence", "loss", "sliding_window", "seed")
 
 
 @dataclass
@@ -59,6 +64,8 @@ class TargetTrainConfig:
     split: str = "order"
     tokenizer_from: Path | None = None  # reuse this model's tokenizer (keeps a drafter's vocabulary)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    same_run: ClassVar[tuple] = ("seed", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                                 "head_dim", "intermediate_size", "seq_len", "batch_size", "split", "corpus")
 
     def model_args(self, vocab_size: int):
         from mlx_lm.models import qwen3
@@ -70,3 +77,14 @@ class TargetTrainConfig:
             vocab_size=vocab_size, max_position_embeddings=self.max_position_embeddings,
             rope_theta=10000.0, tie_word_embeddings=True,
         )
+
+
+def steps(text: str) -> int:
+    """An argparse type: a step count (0 or more)."""
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"a step count must be an integer of 0 or more, got {text!r}")
+    return n

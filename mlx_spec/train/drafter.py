@@ -129,7 +129,8 @@ class DrafterTrainer:
         self.optimizer = optim.AdamW(learning_rate=optim.join_schedules([warm, decay], [cfg.warmup]),
                                      weight_decay=cfg.weight_decay)
         self.checkpoint = cfg.out / "checkpoint"
-        self.step_no = load_checkpoint(self.checkpoint, self.drafter, self.optimizer) if self.checkpoint.exists() else 0
+        self.step_no = (load_checkpoint(self.checkpoint, self.drafter, self.optimizer, cfg)
+                        if self.checkpoint.exists() else 0)
         self.records = [r for r in records if len(r["tokens"]) > r["prompt_len"] + 1]
         if not self.records:
             raise ValueError("no training sequences with an answer")

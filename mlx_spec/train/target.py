@@ -126,7 +126,7 @@ def train(cfg: TargetTrainConfig, init_from: Path | None = None, until: int | No
     ckpt = cfg.out / "checkpoint"
     start = 0
     if ckpt.exists():
-        start = load_checkpoint(ckpt, model, optimizer)
+        start = load_checkpoint(ckpt, model, optimizer, cfg)
     elif init_from is not None:
         model.load_weights(str(init_from / "model.safetensors"))
     mx.eval(model.parameters())
