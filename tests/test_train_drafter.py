@@ -86,13 +86,16 @@ def test_stopping_with_until_then_resuming_is_the_same_run(tmp_path, shallow):
         cfg = DrafterTrainConfig(out=out, block_size=4, steps=6, warmup=2, target_layer_ids=[0, 1],
                                  sequences_per_step=2, anchors_per_sequence=4, checkpoint_every=1000)
         mx.random.seed(0)
-        return train_drafter(model.target, model.config, tok, records, cfg, until=until)
+        return train_drafter(model.target, model.config, tok, records, cfg, until=until,
+                             provenance={"init_drafter": None, "prompts": "four"})
 
     assert run(tmp_path / "split", until=3) is None and not (tmp_path / "split" / "drafter").exists()
     assert load_checkpoint(tmp_path / "split" / "checkpoint", *_fresh_state(model, tok, tmp_path)) == 3
     resumed, straight = run(tmp_path / "split"), run(tmp_path / "straight")
     a, b = mx.load(str(resumed / "model.safetensors")), mx.load(str(straight / "model.safetensors"))
     assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+    meta = json.loads((resumed / "config.json").read_text())["mlx_spec"]
+    assert meta["steps"] == 6 and meta["prompts"] == "four" and meta["lr"] == DrafterTrainConfig.lr
 
 
 def _fresh_state(model, tok, tmp_path):

@@ -76,7 +76,9 @@ def run(args) -> int:
 
         init = load_dflash(args.init_drafter, model.target, model.config)
     path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None,
-                         init=init, until=args.until)
+                         init=init, until=args.until,
+                         provenance={"init_drafter": str(args.init_drafter) if args.init_drafter else None,
+                                     "prompts": str(args.prompts) if args.prompts else "built-in"})
     if path is None:
         from ..train.checkpoint import stopped
 

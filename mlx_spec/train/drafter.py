@@ -187,9 +187,11 @@ class DrafterTrainer:
 
 
 def train_drafter(target, config: dict, tokenizer, records: list[dict], cfg: DrafterTrainConfig,
-                  evaluate=None, init: DFlashDrafter | None = None, until: int | None = None) -> Path | None:
+                  evaluate=None, init: DFlashDrafter | None = None, until: int | None = None,
+                  provenance: dict | None = None) -> Path | None:
     """Train (or resume) and write the drafter in the public DFlash format to cfg.out / 'drafter'.
-    `until`: stop after that step with a checkpoint and write nothing (None returned); a rerun goes on."""
+    `until`: stop after that step with a checkpoint and write nothing (None returned); a rerun goes on.
+    `provenance`: recorded in its config beside the steps and seed (what it was fine-tuned from, on what)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     trainer = DrafterTrainer(target, config, tokenizer, records, cfg, init=init)
@@ -203,5 +205,6 @@ def train_drafter(target, config: dict, tokenizer, records: list[dict], cfg: Dra
     if not trainer.done:
         trainer.save_checkpoint()
         return None
-    return save_dflash(trainer.drafter, cfg.out / "drafter", {"mlx_spec": {"trained_with": "mlx-spec train-drafter",
-                                                                           "steps": cfg.steps, "seed": cfg.seed}})
+    meta = {"trained_with": "mlx-spec train-drafter", "steps": cfg.steps, "seed": cfg.seed, "lr": cfg.lr,
+            **(provenance or {})}
+    return save_dflash(trainer.drafter, cfg.out / "drafter", {"mlx_spec": meta})
