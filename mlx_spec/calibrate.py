@@ -28,8 +28,8 @@ class CostCurve:
     context: int = 256  # cached tokens behind `verify`, `draft` and `rounds`
     long_rounds: list[float] = field(default_factory=list)  # `rounds` again, after `long_context` cached tokens
     long_context: int = 0
-    # the most cached rows each of the target's attention layers reads (0: all of them; recurrent layers,
-    # whose state does not grow, are left out); None: not known (every layer reads the whole context)
+    # the most cached rows each attention layer (the target's, and a drafter's over the context) reads
+    # (0: all of them; recurrent layers, whose state does not grow, are left out); None: not known
     spans: list[int] | None = None
 
     @property
@@ -60,7 +60,7 @@ class CostCurve:
         return t + per_row * (self.rows_read(context) - self.rows_read(self.context))
 
     def rows_read(self, context: int) -> int:
-        """Cached rows the target's attention layers read in all, per query, after `context` tokens."""
+        """Cached rows the attention layers read in all, per query, after `context` tokens."""
         if self.spans is None:
             return context
         return sum(min(context, s) if s else context for s in self.spans)
@@ -196,7 +196,8 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
     out = CostCurve(linear(monotone(curve.verify)), linear(monotone(curve.draft)), rounds, context=context)
     if long_rounds:
         out.long_rounds, out.long_context = straight_growth(rounds, long_rounds[0]), long
-        out.spans = attention_spans(pcs[1].cache)
+        drafter_caches = getattr(pcs[1].drafter_state(), "caches", []) if model.drafter is not None else []
+        out.spans = attention_spans(pcs[1].cache) + attention_spans(drafter_caches)  # (a drafter reads context too)
     return out
 
 
