@@ -50,18 +50,24 @@ class CostCurve:
         the block reads them all, so a wide round grows fastest: at 800 tokens a narrower block can
         win). A sliding-window layer stops growing at its window; a recurrent one never grows."""
         t = self.rounds[k] if k < len(self.rounds) else self.pass_time(k)
-        if (context is None or context <= self.context or self.long_context <= self.context
-                or k >= len(self.long_rounds) or k >= len(self.rounds)):
-            return t
-        measured = self.rows_read(self.long_context) - self.rows_read(self.context)
-        if measured <= 0:
-            return t
-        per_row = max(0.0, self.long_rounds[k] - self.rounds[k]) / measured
-        return t + per_row * (self.rows_read(context) - self.rows_read(self.context))
+        return t + self.per_row(k) * self.extra_rows(context) if context else t
 
-    def rows_read(self, context: int) -> int:
-        """Cached rows the attention layers read in all, per query, after `context` tokens."""
-        if self.spans is None:
+    def extra_rows(self, context: int) -> int:
+        """Cached rows the attention layers read in all, per query, after `context` tokens beyond what
+        they read at the curve's own context (0 at or below it)."""
+        if context <= self.context:
+            return 0
+        return self._rows_read(context) - self._rows_read(self.context)
+
+    def per_row(self, k: int) -> float:
+        """Seconds a round with k drafts grows per extra row read (0: no growth measured)."""
+        if self.long_context <= self.context or k >= len(self.long_rounds) or k >= len(self.rounds):
+            return 0.0
+        measured = self.extra_rows(self.long_context)
+        return max(0.0, self.long_rounds[k] - self.rounds[k]) / measured if measured > 0 else 0.0
+
+    def _rows_read(self, context: int) -> int:
+        if self.spans is None:  # not known: every layer reads the whole context
             return context
         return sum(min(context, s) if s else context for s in self.spans)
 
@@ -196,8 +202,8 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
     out = CostCurve(linear(monotone(curve.verify)), linear(monotone(curve.draft)), rounds, context=context)
     if long_rounds:
         out.long_rounds, out.long_context = straight_growth(rounds, long_rounds[0]), long
-        drafter_caches = getattr(pcs[1].drafter_state(), "caches", []) if model.drafter is not None else []
-        out.spans = attention_spans(pcs[1].cache) + attention_spans(drafter_caches)  # (a drafter reads context too)
+        spans = getattr(model.drafter, "context_spans", None)  # a drafter reads the context too
+        out.spans = attention_spans(pcs[1].cache) + (spans(pcs[1].drafter_state()) if spans else [])
     return out
 
 

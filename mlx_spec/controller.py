@@ -234,12 +234,11 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     gains = {id(s): s.lengths.estimates() for s in adaptive}
     fixed_tokens = sum(1 + 0.5 * s.k for s in fixed)  # their yield does not depend on W
     fixed_drafting = sum(1 for s in fixed if s.k)  # they share the drafter pass too
-    contexts = [s.lengths.context for s in adaptive]
+    extra = sum(curve.extra_rows(_context(s)) for s in states)  # what the rows' contexts add to the pass
 
     def pass_time(width):
-        """The batched pass, plus what each row's context adds to a round that wide (`round_time`)."""
-        k = width - 1
-        return curve.batch_time(b, width) + sum(curve.round_time(k, c) - curve.round_time(k) for c in contexts)
+        """The batched pass, plus what the rows' contexts add to a round that wide (`round_time`)."""
+        return curve.batch_time(b, width) + curve.per_row(width - 1) * extra
 
     def option(width):
         """(expected tokens per second, k per adaptive request) for a pass `width` wide."""
@@ -266,9 +265,10 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
         ks[id(s)] = min(max(1, width - 1), caps[id(s)])
     width = max(width, 2 if probes else 1)
     if width > 1:  # the pass is wide anyway: fresh requests probe with it rather than each widening one
+        reach = width - 1 if curve.draft_batch else 1  # (a drafter that drafts requests one by one: its cheapest)
         for s in adaptive:
             if not ks[id(s)] and caps[id(s)] and s.lengths.join_probe():
-                ks[id(s)] = min(width - 1, caps[id(s)])
+                ks[id(s)] = min(reach, caps[id(s)])
     if memory is not None and top > 1:
         memory.batch_off = memory.batch_off + 1 if width == 1 else 0
         if memory.batch_off >= probe_every:  # a probe: one token each, a pass two wide
@@ -281,6 +281,13 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
         s.k = ks[id(s)]
         s.lengths.skip_timing()
     return [s.k for s in states]
+
+
+def _context(s) -> int:
+    """Tokens in a batched request's cache: what its controller planned at, or its prompt cache's."""
+    if isinstance(s.lengths, AdaptiveLength):
+        return s.lengths.context
+    return len(s.pc.tokens) if hasattr(s, "pc") else 0
 
 
 def _time_batch(memory: ControllerMemory | None, rows: int, drafting: bool, predicted: float, follow: float) -> None:

@@ -90,6 +90,7 @@ def test_stopping_with_until_then_resuming_is_the_same_run(tmp_path, shallow):
                              provenance={"init_drafter": None, "prompts": "four"})
 
     assert run(tmp_path / "split", until=3) is None and not (tmp_path / "split" / "drafter").exists()
+    assert run(tmp_path / "data-only", until=0) is None and not (tmp_path / "data-only" / "checkpoint").exists()
     assert load_checkpoint(tmp_path / "split" / "checkpoint", *_fresh_state(model, tok, tmp_path)) == 3
     resumed, straight = run(tmp_path / "split"), run(tmp_path / "straight")
     a, b = mx.load(str(resumed / "model.safetensors")), mx.load(str(straight / "model.safetensors"))

@@ -2,6 +2,7 @@
 training with a reused tokenizer, raw prompts, the Accept-Until-Fail loss, the sliding-window drafter
 option and the target's quality measures. Small, fast fixtures: a fake stdlib, docs and chit-chat."""
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -286,6 +287,8 @@ def test_eval_target_cli(tmp_path, capsys, target_dir):
 def test_target_training_resumes_exactly(fake_sources, tmp_path):
     """A run stopped with `until` and resumed ends with the same weights as a straight run (the batch at
     step s depends only on seed and s; the optimizer state is checkpointed)."""
+    from mlx_spec.errors import MlxSpecError
+    from mlx_spec.train.checkpoint import stopped
     from mlx_spec.train.target import train
 
     tok_src = Path(mlx_spec.__file__).parent / "models" / "default" / "target"
@@ -305,3 +308,8 @@ def test_target_training_resumes_exactly(fake_sources, tmp_path):
     log = [json.loads(line) for line in (tmp_path / "b/log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2, 3, 4] and "val_loss" in log[1]
     assert json.loads((resumed / "config.json").read_text())["mlx_spec"]["seq_len"] == 96
+    assert train(cfg(tmp_path / "c"), until=0) is None and not (tmp_path / "c/checkpoint").exists()  # data only
+    assert "before the first step" in stopped(tmp_path / "c/checkpoint")
+    assert train(cfg(tmp_path / "d"), until=1) is None
+    with pytest.raises(MlxSpecError, match="another run.*batch_size"):  # the run's batches would change
+        train(dataclasses.replace(cfg(tmp_path / "d"), batch_size=2))

@@ -40,6 +40,8 @@ class Drafter(Protocol):
 
     # Optional: `propose_batch(states, anchors, ks, samplings) -> list[Draft]`, several requests' drafts
     # in one pass (what `propose` gives each alone); batched rounds use it where a drafter has it.
+    # Optional: `context_spans(state) -> list[int]`, the most context rows each of its attention layers
+    # reads (0: all of them), for the cost curve's growth with the context (calibrate.CostCurve.spans).
 
 
 def load_strict(module, weights: dict, path, against: str = "its config", what: str = "weights") -> None:

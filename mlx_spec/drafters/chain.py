@@ -60,6 +60,9 @@ class ChainDrafter:
     def make_state(self) -> ChainState:
         return ChainState()
 
+    def context_spans(self, state: ChainState) -> list[int]:
+        return [0]  # one layer over every committed row
+
     def features(self, hidden: mx.array) -> mx.array:
         """Tapped hidden states [1, n, taps*H_t] -> g [1, n, H]."""
         raise NotImplementedError

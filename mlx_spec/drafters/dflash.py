@@ -207,6 +207,9 @@ class DFlashDrafter(nn.Module):
     def make_state(self) -> DFlashState:
         return DFlashState(len(self.layers))
 
+    def context_spans(self, state: DFlashState) -> list[int]:
+        return [self.config.window(i) or 0 for i in range(len(self.layers))]
+
     def observe(self, state: DFlashState, hidden: mx.array, tokens: list[int]) -> None:
         ctx = self.hidden_norm(self.fc(hidden))
         for layer, cache in zip(self.layers, state.caches):

@@ -11,6 +11,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
 
 from ..engine.cache import max_trim, spec_caches
+from ..engine.rollback import attention_spans
 from ..errors import DrafterMismatchError
 from .base import Draft
 
@@ -56,6 +57,9 @@ class DraftModelDrafter:
 
     def make_state(self) -> DraftModelState:
         return DraftModelState(self.model, slack=self.block_size)
+
+    def context_spans(self, state: DraftModelState) -> list[int]:
+        return attention_spans(state.cache)
 
     def observe(self, state: DraftModelState, hidden, tokens: list[int]) -> None:
         # Keep what drafting already fed when it matches the committed tokens; feed the rest.

@@ -34,8 +34,9 @@ def load_checkpoint(path: Path, model, optimizer, config=None) -> int:
     meta = json.loads((path / "state.json").read_text())
     ours = {k: v.shape for k, v in tree_flatten(model.trainable_parameters())}
     theirs = {k: v.shape for k, v in weights.items()}
-    stored = meta.get("config") or {}
-    changed = [f"{f}: {stored.get(f)!r} there, {_field(config, f)!r} now" for f in same if _field(config, f) != stored.get(f)]
+    stored = meta.get("config") or {}  # (a setting it does not record cannot be compared)
+    changed = [f"{f}: {stored[f]!r} there, {_field(config, f)!r} now" for f in same
+               if f in stored and _field(config, f) != stored[f]]
     if ours != theirs and not changed:
         differ = sorted(k for k in ours.keys() | theirs.keys() if ours.get(k) != theirs.get(k))
         changed = [f"other weights: {', '.join(differ[:3])}" + (", …" if len(differ) > 3 else "")]
@@ -49,6 +50,8 @@ def load_checkpoint(path: Path, model, optimizer, config=None) -> int:
 
 def stopped(path: Path) -> str:
     """What a run stopped by --until says (the checkpoint's step: a rerun may already have been past it)."""
+    if not (path / "state.json").exists():
+        return f"stopped before the first step (the data is ready in {path.parent}); rerun without --until to train"
     step = json.loads((path / "state.json").read_text())["step"]
     return f"stopped at step {step}; checkpoint in {path}; rerun without --until to go on"
 

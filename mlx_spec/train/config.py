@@ -64,8 +64,9 @@ class TargetTrainConfig:
     split: str = "order"
     tokenizer_from: Path | None = None  # reuse this model's tokenizer (keeps a drafter's vocabulary)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    # (the data is prepared once into out/data and reused on resume: its settings do not matter then)
     same_run: ClassVar[tuple] = ("seed", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                                 "head_dim", "intermediate_size", "seq_len", "batch_size", "split", "corpus")
+                                 "head_dim", "intermediate_size", "seq_len", "batch_size")
 
     def model_args(self, vocab_size: int):
         from mlx_lm.models import qwen3

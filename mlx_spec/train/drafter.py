@@ -203,7 +203,8 @@ def train_drafter(target, config: dict, tokenizer, records: list[dict], cfg: Dra
             record = trainer.step(evaluate)
             bar.update(task, completed=trainer.step_no, info=trainer.info(record))
     if not trainer.done:
-        trainer.save_checkpoint()
+        if trainer.step_no:  # (--until 0 prepares the data only: nothing to resume, no settings pinned)
+            trainer.save_checkpoint()
         return None
     meta = {"trained_with": "mlx-spec train-drafter", "steps": cfg.steps, "seed": cfg.seed, "lr": cfg.lr,
             **(provenance or {})}
