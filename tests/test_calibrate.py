@@ -356,3 +356,14 @@ def test_all_or_nothing_acceptance_keeps_up_with_a_full_block():
     rounds = [a for r in CODE_ROUNDS for a in r]
     always_7 = sum(a + 1 for a in rounds) / (len(rounds) * openblas.round_time(7))
     assert tokens / seconds > 0.99 * always_7
+
+
+def test_attention_spans_of_each_cache_kind():
+    from mlx_lm.models.cache import ArraysCache, CacheList, KVCache, QuantizedKVCache, RotatingKVCache
+
+    from mlx_spec.engine.rollback import attention_spans, spec_caches
+
+    caches = [KVCache(), RotatingKVCache(max_size=64), ArraysCache(2), QuantizedKVCache(),
+              CacheList(KVCache(), RotatingKVCache(max_size=16))]
+    assert attention_spans(caches) == [0, 64, 0, 0, 16]  # recurrent state: left out
+    assert attention_spans(spec_caches(caches)) == [0, 64, 0, 0, 16]  # the rollback-exact swaps read the same
