@@ -27,6 +27,9 @@ def add_arguments(p) -> None:
     p.add_argument("--vs-dspark", default=None, metavar="CAPS",
                    help="also run mlx-dspark's DFlash loop with these fixed draft caps, e.g. 1,2,3,7 (needs mlx-dspark "
                         "importable; optional)")
+    p.add_argument("--modeled", action="store_true",
+                   help="auto against every fixed block with each round charged its calibrated cost, not timed: "
+                        "the controller's choices without the machine's noise (the cost model's view, not a speed)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", default=None, help="write speedup vs block size per kind to this PNG")
     p.add_argument("--rollback", nargs="?", const="", default=None, metavar="DIR",
@@ -77,7 +80,7 @@ def run(args) -> int:
     from ..errors import MlxSpecError
     from ..loading import load
 
-    rows, meta = [], {"mlx": mx.__version__, "device": str(mx.default_device()), **machine()}
+    rows, extra, meta = [], {}, {"mlx": mx.__version__, "device": str(mx.default_device()), **machine()}
     setups = [(m, k) for m in (args.modes or args.mode).split(",") for k in args.kernels.split(",")]
     for mode, kernels in setups:
         model, tok = load(args.model, drafter=args.drafter, mode=mode, dtype=args.dtype, kernels=kernels == "on",
@@ -92,6 +95,12 @@ def run(args) -> int:
                               "plain_step_ms": curve.rounds[0] * 1e3 if curve.rounds else None,
                               "seconds": {"verify": curve.verify, "draft": curve.draft, "rounds": curve.rounds,
                                           "batch": curve.batch}}
+        if args.modeled:
+            from ..bench_modeled import compare
+
+            extra.setdefault("modeled", []).extend(dict(r, mode=mode) for r in compare(
+                model, tok, prompt_sets(args, tok), curve, args.max_tokens))
+            continue
         sizes = [None if b == "auto" else int(b) for b in args.block_sizes.split(",")]
         for kind, prompts in prompt_sets(args, tok).items():
             for row in bench_sizes(model, tok, kind, prompts, args.max_tokens, sizes, args.repeats, curve):
@@ -100,9 +109,16 @@ def run(args) -> int:
                 rows.append(row)
                 if not args.json:
                     print(f"{kind} {mode} block={row.block}: speedup {row.speedup:.2f}x τ {row.tau:.2f}", file=sys.stderr)
+    if args.modeled:
+        if args.json:
+            print(json.dumps({"meta": meta, **extra}, indent=2))
+        else:
+            from ..bench_modeled import show as show_modeled
+
+            show_modeled(extra["modeled"])
+        return 0
     if args.vs_draft_model:
         rows += draft_model_rows(args, model, tok)
-    extra = {}
     if args.vs_dspark:
         from ..bench_dspark import compare
 

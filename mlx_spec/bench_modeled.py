@@ -1,0 +1,70 @@
+"""`bench --modeled`: the draft-length controller's choices against every fixed block, without the
+machine's noise. Each policy runs the real loop (greedy: the output and each round's acceptance are
+what they would be), and each round is charged what the calibrated cost curve says a round with
+its draft length costs at its context, instead of being timed. On a shared machine, wall-clock pairs
+of auto and a fixed block spread more than the few percent between them; this view does not. It is
+the cost model's view, not a speed: where the curve is wrong, so is it.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from .bench import encode
+
+
+def modeled_rate(model, tokenizer, ids: list[int], max_tokens: int, lengths, curve) -> tuple[int, float]:
+    """(tokens, modeled seconds) of one greedy generation with these draft lengths."""
+    from .generate import make_generation, step_all
+
+    g = make_generation(model, tokenizer, ids, max_tokens, draft_lengths=lengths)
+    tokens = len(g.start().tokens)  # the prefill ends with a plain round
+    seconds = curve.round_time(0, len(ids))
+    while not g.finished:
+        context = len(g.state.pc.tokens)
+        r = step_all(model, [g])[0]
+        tokens, seconds = tokens + len(r.tokens), seconds + curve.round_time(r.drafted, context)
+    return tokens, seconds
+
+
+def compare(model, tokenizer, sets: dict, curve, max_tokens: int, config=None) -> list[dict]:
+    """Per prompt kind: modeled tokens per second of every fixed block and of auto (run after one
+    request with the same prompt, as a server's or a chat's next request starts from its predecessor's
+    estimates), and auto over the best fixed block (per prompt; the kind's median)."""
+    from .controller import AdaptiveLength, ControllerConfig, ControllerMemory
+    from .engine.loop import FixedLength
+
+    config, top = config or ControllerConfig(), model.drafter.block_size - 1
+    rows = []
+    for kind, prompts in sets.items():
+        per_prompt = []
+        for prompt in prompts:
+            ids = encode(tokenizer, prompt)
+            fixed = [modeled_rate(model, tokenizer, ids, max_tokens, FixedLength(k), curve) for k in range(top + 1)]
+            if fixed[0][0] < 8:  # an answer of a few tokens: nothing to compare
+                continue
+            memory = ControllerMemory()
+            for _ in range(2):
+                lengths = AdaptiveLength(curve, top, config, memory=memory, clock=None)
+                auto = modeled_rate(model, tokenizer, ids, max_tokens, lengths, curve)
+            rates = [n / s for n, s in fixed]
+            best = max(range(top + 1), key=lambda k: rates[k])
+            per_prompt.append({"tokens": auto[0], "auto_tps": auto[0] / auto[1], "fixed_tps": rates,
+                               "best_block": best + 1, "auto_over_best": auto[0] / auto[1] / rates[best]})
+        if per_prompt:
+            rows.append({"kind": kind, "prompts": per_prompt,
+                         "auto_over_best": statistics.median(p["auto_over_best"] for p in per_prompt)})
+    return rows
+
+
+def show(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="modeled: each round charged its calibrated cost at its context (not timed)")
+    for col in ("kind", "auto / best fixed block, per prompt (best block)", "median"):
+        t.add_column(col)
+    for r in rows:
+        each = " ".join(f"{p['auto_over_best']:.3f} ({p['best_block']})" for p in r["prompts"])
+        t.add_row(r["kind"], each, f"{r['auto_over_best']:.3f}")
+    Console(width=160).print(t)
