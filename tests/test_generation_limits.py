@@ -1,5 +1,6 @@
 """What a generation returns and refuses: tokens up to a stop string, one definition of τ, block-size bounds."""
 
+import itertools
 import subprocess
 import sys
 
@@ -21,22 +22,32 @@ def tokens_of(responses):
     return [t for r in responses for t in r.tokens]
 
 
+def stop_inside_a_round(tok, ref, ends):
+    """A stop string that completes at a token strictly inside a round of several tokens (rounds end after
+    `ends` tokens), mid-way through that token's piece of text, and nowhere before it; and that token's count."""
+    inside = [j for a, b in zip([0] + ends, ends) for j in range(a + 1, b) if j >= 9] or [10]
+    for j in inside:
+        before, upto = tok.decode(ref[: j - 1]), tok.decode(ref[:j])
+        stop = upto[len(before) - 2:]
+        if stop.strip() and stop not in before:
+            return stop, j
+    raise AssertionError("no usable stop string in this output")
+
+
 @pytest.mark.parametrize("block", [1, 2, 4, 6, 8])
 def test_tokens_stop_at_the_one_that_completes_a_stop_string(pair, block):
     model, tok = pair
     ref = tokens_of(mlx_spec.stream_generate(model, tok, PROMPT, 48, block_size=1))
-    # A stop string that completes at the 10th generated token, mid-way through its piece of text.
-    before, upto = tok.decode(ref[:9]), tok.decode(ref[:10])
-    stop = upto[len(before) - 2:]
-    assert stop.strip() and stop not in before
-    cut = next(j for j in range(1, len(ref) + 1) if stop in tok.decode(ref[:j]))
+    ends = list(itertools.accumulate(len(r.tokens) for r in mlx_spec.stream_generate(model, tok, PROMPT, 48,
+                                                                                      block_size=block)))
+    stop, cut = stop_inside_a_round(tok, ref, ends if block > 1 else [])
     out = list(mlx_spec.stream_generate(model, tok, PROMPT, 48, block_size=block, stop=[stop]))
     last = out[-1]
     assert tokens_of(out) == ref[:cut]
     assert last.generation_tokens == cut and last.finish_reason == "stop"
     assert "".join(r.text for r in out) == tok.decode(ref[:cut]).split(stop)[0]
-    if block >= 6:  # the stop completed inside an accepted block: the round committed more than was output
-        assert last.spec.accepted + last.spec.rounds + 1 > cut, last.spec.as_dict()
+    if block > 1:  # the stop completed inside an accepted block: the round committed more than was output
+        assert cut not in ends and last.spec.accepted + last.spec.rounds + 1 > cut, last.spec.as_dict()
 
 
 def test_tau_counts_only_rounds_that_drafted():
