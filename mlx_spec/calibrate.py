@@ -57,14 +57,23 @@ class CostCurve:
         they read at the curve's own context (0 at or below it)."""
         if context <= self.context:
             return 0
-        return self._rows_read(context) - self._rows_read(self.context)
+        return self._rows_read(context) - self._measured_rows()[0]
 
     def per_row(self, k: int) -> float:
         """Seconds a round with k drafts grows per extra row read (0: no growth measured)."""
         if self.long_context <= self.context or k >= len(self.long_rounds) or k >= len(self.rounds):
             return 0.0
-        measured = self.extra_rows(self.long_context)
+        measured = self._measured_rows()[1]
         return max(0.0, self.long_rounds[k] - self.rounds[k]) / measured if measured > 0 else 0.0
+
+    def _measured_rows(self) -> tuple[int, int]:
+        """(rows read at `context`, extra rows read at `long_context`), remembered until a field is set
+        again: every round's timing asks."""
+        memo = self.__dict__.setdefault("_memo", {})
+        if "rows" not in memo:
+            base = self._rows_read(self.context)
+            memo["rows"] = (base, self._rows_read(self.long_context) - base)
+        return memo["rows"]
 
     def _rows_read(self, context: int) -> int:
         if self.spans is None:  # not known: every layer reads the whole context
@@ -178,9 +187,8 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
     from .generate import make_prompt_cache
 
     vocab = model.vocab_size
-    ids = [(i * 7919) % vocab for i in range(context)]  # what _fill_rows fills its first row with
     pc = make_prompt_cache(model)
-    _fill_rows(model, [pc], [context])
+    (ids,) = _fill_rows(model, [pc], [context])
 
     curve = CostCurve(_timed([_verify_pass(model, pc, ids[:m]) for m in range(1, max_width + 1)], repeats), [])
     greedy = Sampler(SamplingParams(), vocab)
@@ -317,15 +325,19 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     return [[b, w, t] for (b, w), t in zip(shapes, _timed([run(b, w) for b, w in shapes], repeats))]
 
 
-def _fill_rows(model, pcs: list, lengths: list[int], chunk: int = 256) -> None:
+def _fill_rows(model, pcs: list, lengths: list[int], chunk: int = 256) -> list[list[int]]:
     """Each row's cache filled with its own context of the given length (and its drafter fed), as in a
-    real batch; in chunks, as prefill runs ([n, vocab] logits at once is no small array)."""
+    real batch; in chunks, as prefill runs ([n, vocab] logits at once is no small array). Returns the
+    rows' token ids."""
+    rows = []
     for r, (pc, n) in enumerate(zip(pcs, lengths)):
         ids = [(i * 7919 + r * 31) % model.vocab_size for i in range(n)]
         for i in range(0, n, chunk):
             out, hidden = model.target(mx.array([ids[i : i + chunk]]), pc.cache)
             pc.add(ids[i : i + chunk], hidden)
             mx.eval(out)
+        rows.append(ids)
+    return rows
 
 
 def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, repeats: int = 3) -> list[list[float]]:

@@ -210,7 +210,8 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     """Draft lengths for one batched verify pass, from the batch's width and each request's own acceptance.
 
     Every block is padded to the widest, so the pass costs `curve.batch_time(rows, W)` whoever
-    drafts (and, at each row's context, what that context adds to a round W wide), and the drafting requests share one drafter pass, `curve.draft_time(m, W-1)`: for each
+    drafts (plus what the rows' contexts add to a round W wide), and the drafting requests share one
+    drafter pass, `curve.draft_time(m, W-1)`: for each
     width W the m requests with the most expected gain, E[tokens | W-1] - 1, draft W-1 tokens, m
     chosen for the most expected tokens per second, the others run plain in the same pass; the W
     with the most wins, and drafting must beat an all-plain pass by `margin`. Requests with fixed
@@ -218,8 +219,8 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     costs (plain and drafting passes apart), as `AdaptiveLength` does for one request. A new request
     whose estimates are its predecessors' probes soon (`AdaptiveLength.probe_in_batch`: one token in
     the pass), and in any pass that is wider than one token anyway (`join_probe`: one widened pass
-    for the batch's new requests, not one each); and after `probe_every` batched rounds in a row where nobody drafted, every request
-    drafts one token once. Sets and returns each state's `k`.
+    for the batch's new requests, not one each); and after `probe_every` batched rounds in a row
+    where nobody drafted, every request drafts one token once. Sets and returns each state's `k`.
     """
     adaptive = [s for s in states if isinstance(s.lengths, AdaptiveLength)]
     if not adaptive:
@@ -285,9 +286,7 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
 
 def _context(s) -> int:
     """Tokens in a batched request's cache: what its controller planned at, or its prompt cache's."""
-    if isinstance(s.lengths, AdaptiveLength):
-        return s.lengths.context
-    return len(s.pc.tokens) if hasattr(s, "pc") else 0
+    return s.lengths.context if isinstance(s.lengths, AdaptiveLength) else len(s.pc.tokens)
 
 
 def _time_batch(memory: ControllerMemory | None, rows: int, drafting: bool, predicted: float, follow: float) -> None:

@@ -45,7 +45,7 @@ def test_a_wide_batch_where_padding_costs_stays_plain():
 
 def test_fixed_rows_keep_their_lengths_and_remaining_tokens_cap_drafts():
     c = curve(0.02)
-    fixed = SimpleNamespace(lengths=FixedLength(3), k=3, remaining=100)
+    fixed = SimpleNamespace(lengths=FixedLength(3), k=3, remaining=100, pc=SimpleNamespace(tokens=[]))
     short = row(c, 0.95, remaining=2)
     assert plan_batch([fixed, row(c, 0.95), short]) == [3, 7, 1]
 

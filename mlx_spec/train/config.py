@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 from .corpus import CorpusConfig
 
