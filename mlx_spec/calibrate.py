@@ -207,11 +207,25 @@ def measure_curve(model, max_width: int, context: int = 256, repeats: int = 9, l
     # growth with the context (or hid it), and round_time carries that growth on with the context
     measured = measure_rounds(model, pcs, greedy, max_k, max(1, 2 * repeats // 3))
     rounds, *long_rounds = [_smooth_rounds(r) for r in measured]
+    rounds = level_dips(rounds, curve.verify, measured[0])
     out = CostCurve(linear(monotone(curve.verify)), linear(monotone(curve.draft)), rounds, context=context)
     if long_rounds:
         out.long_rounds, out.long_context = straight_growth(rounds, long_rounds[0]), long
         spans = getattr(model.drafter, "context_spans", None)  # a drafter reads the context too
         out.spans = attention_spans(pcs[1].cache) + (spans(pcs[1].drafter_state()) if spans else [])
+    return out
+
+
+def level_dips(rounds: list[float], verify: list[float], raw_rounds: list[float]) -> list[float]:
+    """Smoothed `rounds`, except that a round with k drafts measured no dearer than one with k - 1, both in
+    the verify passes and in the loop's rounds (two separate timings: one dip alone is noise), costs what
+    the narrower one does. OpenBLAS's kernels favour row counts that are multiples of 4: here 8 rows cost
+    less than 7 and 4 less than 3, so a controller reading the smoothed line stopped one draft short of a
+    round that was cheaper. Plain decoding and one draft are other kinds of round: never levelled."""
+    out = list(rounds)
+    for k in range(2, min(len(out), len(verify), len(raw_rounds))):
+        if verify[k] <= verify[k - 1] and raw_rounds[k] <= raw_rounds[k - 1]:
+            out[k] = out[k - 1]
     return out
 
 
@@ -389,7 +403,8 @@ def curve_key(model) -> str:
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
-             "rounds/10"]  # rounds/10: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans
+             "rounds/11"]  # rounds/11: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn,
+    # spans, dips levelled
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

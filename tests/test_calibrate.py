@@ -5,7 +5,7 @@ import pytest
 import archs
 import factory
 import mlx_spec
-from mlx_spec.calibrate import CostCurve, calibrated_curve, measure_curve, monotone, straight_growth
+from mlx_spec.calibrate import CostCurve, calibrated_curve, level_dips, measure_curve, monotone, straight_growth
 from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory, best_length, expected_tokens
 
 FLAT = CostCurve(verify=[1.0, 1.02, 1.05, 1.07, 1.1, 1.15, 1.2, 1.25, 1.3], draft=[0.05] * 8)  # Apple-like
@@ -367,3 +367,18 @@ def test_attention_spans_of_each_cache_kind():
               CacheList(KVCache(), RotatingKVCache(max_size=16))]
     assert attention_spans(caches) == [0, 64, 0, 0, 16]  # recurrent state: left out
     assert attention_spans(spec_caches(caches)) == [0, 64, 0, 0, 16]  # the rollback-exact swaps read the same
+
+
+def test_a_round_measured_no_dearer_than_the_narrower_one_costs_the_same():
+    # Measured here with OpenBLAS (ms, fastest of 9): verify passes of 1..8 tokens and rounds of 0..7 drafts.
+    # 4 rows cost less than 3 and 8 less than 7, in the passes and in the rounds alike.
+    verify = [11.05, 11.34, 12.22, 11.89, 13.22, 13.30, 16.40, 14.79]
+    raw = [10.31, 14.53, 17.77, 15.35, 17.76, 19.39, 21.93, 19.98]
+    line = [10.31, 14.5, 15.5, 16.5, 17.5, 18.5, 19.5, 20.5]  # what smoothing makes of them
+    levelled = level_dips(line, verify, raw)
+    assert levelled == [10.31, 14.5, 15.5, 15.5, 17.5, 18.5, 19.5, 19.5]
+    smooth, level = (CostCurve(verify=verify, draft=[1.0] * 7, rounds=r) for r in (line, levelled))
+    for alphas, short in (([0.85] * 6 + [0.5], 6), ([0.85, 0.8, 0.2], 2)):  # the line stops one draft short
+        assert best_length(smooth, alphas) == short and best_length(level, alphas) == short + 1
+    # one timing alone (here the verify passes at 6 tokens) is noise; plain and one-draft rounds never level
+    assert level_dips(line, verify, [10.31, 9.0, 17.77, 17.8, 17.9, 19.39, 22.0, 23.0]) == line
