@@ -380,5 +380,8 @@ def test_a_round_measured_no_dearer_than_the_narrower_one_costs_the_same():
     smooth, level = (CostCurve(verify=verify, draft=[1.0] * 7, rounds=r) for r in (line, levelled))
     for alphas, short in (([0.85] * 6 + [0.5], 6), ([0.85, 0.8, 0.2], 2)):  # the line stops one draft short
         assert best_length(smooth, alphas) == short and best_length(level, alphas) == short + 1
-    # one timing alone (here the verify passes at 6 tokens) is noise; plain and one-draft rounds never level
-    assert level_dips(line, verify, [10.31, 9.0, 17.77, 17.8, 17.9, 19.39, 22.0, 23.0]) == line
+    # the verify passes dipping alone is noise (these rounds do not), and a round of one draft never takes a
+    # plain step's cost (another kind of round), even where both timings say it is cheaper
+    rising = [10.31, 14.53, 17.77, 17.8, 17.9, 19.39, 22.0, 23.0]
+    assert level_dips(line, verify, rising) == line
+    assert level_dips(line, [11.05, 11.0] + verify[2:], [10.31, 9.0] + rising[2:]) == line
