@@ -403,8 +403,9 @@ def curve_key(model) -> str:
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
-             "rounds/11"]  # rounds/11: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn,
-    # spans, dips levelled
+             # rounds/11: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans,
+             # dips levelled
+             "rounds/11"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
