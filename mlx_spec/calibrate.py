@@ -12,7 +12,7 @@ import json
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -417,6 +417,7 @@ def calibrated_curve(model, max_width: int, refresh: bool = False, batch_rows: i
     """The cost curve for this model on this machine, measured once and cached. batch_rows: also
     batched passes of up to that many rows (2, 4, 8, ... rows; what a server's batched rounds cost)."""
     path = cache_dir() / "curves" / f"{curve_key(model)}.json"
+    model = model_drafting(model)
     curve = None
     if path.exists() and not refresh:
         curve = CostCurve(**json.loads(path.read_text()))
@@ -436,6 +437,14 @@ def calibrated_curve(model, max_width: int, refresh: bool = False, batch_rows: i
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(curve)))
     return curve
+
+
+def model_drafting(model):
+    """`model` with its model drafter alone, where prompt lookup may stand in for it (drafters/pick.py):
+    a round costs what it does when the model drafts, lookup's rounds only cost less."""
+    from .drafters import model_drafter
+
+    return replace(model, drafter=model_drafter(model.drafter))
 
 
 def cost_curve(model, refresh: bool = False) -> CostCurve | None:

@@ -96,6 +96,7 @@ class AdaptiveLength:
         self.curve, self.max_k, self.cfg = curve, min(max_k, curve.max_drafts), config
         self.memory, self.clock = memory, clock
         self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
+        self.source, self._sources = None, {}  # the source whose estimates these are; the others' (`_use`)
         if memory is not None and memory.alphas:  # start from the last request's estimates, lightly held
             for i, a in enumerate(memory.alphas[: self.max_k]):
                 self.hits[i], self.trials[i] = a * config.weight, config.weight
@@ -169,10 +170,11 @@ class AdaptiveLength:
             return True
         return False
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, source: str | None = None) -> None:
         self._time_round(drafted)
         if not drafted:  # a plain round tells nothing about acceptance: keep the estimates as they are
             return
+        self._use(source)
         judged = min(drafted, accepted + 1)  # positions that were actually verified
         self._choice, self.judged, self.plain_rounds = None, self.judged + 1, 0
         self.hits = [h * self.cfg.decay for h in self.hits]
@@ -180,8 +182,19 @@ class AdaptiveLength:
         for i in range(judged):
             self.trials[i] += 1
             self.hits[i] += i < accepted
-        if self.memory is not None:
+        if self.memory is not None and source is None:
             self.memory.alphas = self.estimates()
+
+    def _use(self, source: str | None) -> None:
+        """Estimates per source of drafts (drafters/pick.py: the model drafter's, None, and prompt
+        lookup's): each round is planned with the estimates of the source that drafted the last one,
+        since a conversation's rounds come in runs of one source, and lookup's long accepted runs would
+        otherwise have the model drafting long blocks where it is rarely right (and the reverse)."""
+        if source == self.source:
+            return
+        self._sources[self.source] = (self.hits, self.trials)
+        self.hits, self.trials = self._sources.pop(source, ([0.0] * self.max_k, [0.0] * self.max_k))
+        self.source, self._choice = source, None
 
     def _time_round(self, k: int) -> None:
         if self.clock is None:  # costs as calibrated: the lengths depend on acceptance alone

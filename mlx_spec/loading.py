@@ -105,7 +105,8 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     drafter: folder or repo id; "auto" finds the known drafter for this target; None decodes plainly
         (unless `mode` asks for prompt lookup, which needs no model).
     mode: auto (the drafter's kind is read from its checkpoint; with no known drafter, the target's
-        own MTP head if its checkpoint has one, else prompt lookup), dflash, dspark, eagle3, mtp (the
+        own MTP head if its checkpoint has one, else prompt lookup; a model drafter drafts with prompt
+        lookup beside it, picked per conversation: drafters/pick.py), dflash, dspark, eagle3, mtp (the
         target's own MTP head, or --drafter a folder holding one), lookup, draft-model (any small LM
         sharing the tokenizer), off.
     kernels: use the custom Metal kernels where they win (on Metal only; elsewhere plain MLX runs).

@@ -12,8 +12,9 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="target: local folder or Hugging Face repo id (default: embedded model)")
     p.add_argument("--drafter", default="auto", help="drafter folder or repo id; 'auto' picks the known one")
     p.add_argument("--mode", default="auto", choices=MODES,
-                   help="how to draft: auto reads the drafter's kind from its checkpoint; with none, the "
-                        "target's own MTP head if it has one, else prompt lookup")
+                   help="how to draft: auto reads the drafter's kind from its checkpoint and drafts with prompt "
+                        "lookup beside it where a conversation favours that; with none, the target's own MTP "
+                        "head if it has one, else prompt lookup; a named mode runs its drafter alone")
     p.add_argument("--no-draft", action="store_true", help="plain decoding, no speculation (same as --mode off)")
     p.add_argument("--block-size", type=int, default=None, help="tokens per verify round (anchor + drafts)")
     p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None)

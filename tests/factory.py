@@ -233,5 +233,5 @@ class ScriptedLengths:
         self.i += 1
         return self.ks[(self.i - 1) % len(self.ks)]
 
-    def update(self, drafted, accepted):
+    def update(self, drafted, accepted, source=None):
         pass

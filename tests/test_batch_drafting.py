@@ -10,6 +10,7 @@ import pytest
 import factory
 import mlx_spec
 from mlx_spec.calibrate import CostCurve, calibrated_curve
+from mlx_spec.drafters import model_drafter
 from mlx_spec.engine import loop
 from mlx_spec.engine.sampling import Sampler, SamplingParams
 from test_batch import REQUESTS, alone, together
@@ -49,6 +50,7 @@ def contexts(model, tok):
 @pytest.mark.parametrize("kind", ["dflash", "sliding-window", "dflash2", "dspark", "dspark-logits-start"])
 def test_one_pass_drafts_what_each_request_drafts_alone(models_dir, target_dir, drafter_dir, kind):
     model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_kinds(models_dir, target_dir, drafter_dir)[kind]))
+    model.drafter = model_drafter(model.drafter)  # the model drafter's own batch (with lookup beside it: test_pick.py)
     d = model.drafter
     states, anchors = contexts(model, tok)
     assert len({s.offset for s in states}) == len(states)  # every block sits at its own position

@@ -10,6 +10,7 @@ import pytest
 import factory
 import mlx_spec
 from mlx_spec.cli import main
+from mlx_spec.drafters import model_drafter
 from mlx_spec.model_files import safetensors_header
 from test_dflash2 import make_dflash2
 from drafter_checks import plain
@@ -39,7 +40,7 @@ def test_keeps_mtp_and_drafts_as_the_original(hf_mtp, tmp_path):
     names = set(safetensors_header(out / "mtp.safetensors")[0]) - {"__metadata__"}
     assert names and all(n.startswith("mtp.") for n in names)
     model, tok = mlx_spec.load(str(out))  # auto: the converted folder's own MTP head
-    assert type(model.drafter).__name__ == "MTPDrafter"
+    assert type(model_drafter(model.drafter)).__name__ == "MTPDrafter"
     original, otok = mlx_spec.load(str(hf_mtp), mode="mtp")
     for prompt in ("def add(a, b):", "Hello, how are you"):
         ref = plain(out, prompt, 20)
@@ -59,7 +60,7 @@ def test_target_and_drafter_quantized_apart(hf_mtp, tmp_path):
     fc, scales = header["mtp.fc.weight"]["shape"], header["mtp.fc.scales"]["shape"]
     assert fc[-1] * 32 // (scales[-1] * 32) == 8  # packed int32 columns per group of 32: 8 bits
     model, tok = mlx_spec.load(str(out))
-    assert type(model.drafter).__name__ == "MTPDrafter"
+    assert type(model_drafter(model.drafter)).__name__ == "MTPDrafter"
     got, _ = spec(model, tok, "def add(a, b):", 20, block_size=3)
     assert got == plain(out, "def add(a, b):", 20)
 
@@ -72,8 +73,8 @@ def test_separate_drafter_is_registered(target_dir, tmp_path, user_registry):
     pairs = json.loads(user_registry.read_text())["pairs"]
     assert pairs == [{"target": str(out.resolve()), "drafter": str((out / "drafter").resolve()), "kind": "dflash2"}]
     model, tok = mlx_spec.load(str(out))  # auto finds the converted drafter through the user registry
-    assert type(model.drafter).__name__ == "DFlash2Drafter" and model.drafter_path == out / "drafter"
-    assert "Quantized" in type(model.drafter.layers[0].mlp.up_proj).__name__
+    assert type(model_drafter(model.drafter)).__name__ == "DFlash2Drafter" and model.drafter_path == out / "drafter"
+    assert "Quantized" in type(model_drafter(model.drafter).layers[0].mlp.up_proj).__name__
     got, _ = spec(model, tok, "def add(a, b):", 20, block_size=4)
     assert got == plain(out, "def add(a, b):", 20)
 
@@ -90,7 +91,8 @@ def test_float16_target_keeps_a_float32_drafter(target_dir, tmp_path):
     assert model.model.layers[0].mlp.up_proj.weight.dtype == mx.float16
     ids = tok.encode("def add(a, b):")
     _, hidden = model.target(mx.array([ids]), None)
-    state = model.drafter.make_state()
-    model.drafter.observe(state, hidden, ids)
-    assert model.drafter.block_hidden(state, 5, 4).dtype == mx.float32
+    drafter = model_drafter(model.drafter)
+    state = drafter.make_state()
+    drafter.observe(state, hidden, ids)
+    assert drafter.block_hidden(state, 5, 4).dtype == mx.float32
     assert main(["convert", str(target_dir), "--out", str(out)]) == 2  # an existing folder is refused

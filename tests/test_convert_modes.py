@@ -15,6 +15,7 @@ import factory
 import mlx_spec
 from drafter_checks import plain
 from mlx_spec.cli import main
+from mlx_spec.drafters import model_drafter
 from test_dflash2 import make_dflash2
 from test_eagle3 import make_eagle3
 from test_lossless_greedy import PROMPTS, spec
@@ -49,7 +50,7 @@ REPEATS = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print("  
 def check_runs(out, mode, n=16):
     """Loads in `mode` with the expected drafter and decodes greedily as mlx-lm does at two block sizes."""
     model, tok = mlx_spec.load(str(out), mode=mode, block_size=6)
-    assert type(model.drafter).__name__ == KINDS[mode], mode
+    assert type(model_drafter(model.drafter)).__name__ == KINDS[mode], mode
     prompts = [REPEATS] if mode == "lookup" else PROMPTS[:1]
     checks.assert_greedy_identity(model, tok, out, prompts, (2, 5), mode, n=n)
 
@@ -68,7 +69,7 @@ def test_each_drafter_kind_runs_after_convert(kind, flags, models_dir, target_di
     drafter_bits = json.loads((out / "drafter" / "config.json").read_text()).get("quantization", {}).get("bits")
     assert drafter_bits == (8 if "--drafter-q-bits" in flags else None)
     model, _ = mlx_spec.load(str(out))  # auto: the registered pair
-    assert type(model.drafter).__name__ == KINDS[kind] and model.drafter_path == out / "drafter"
+    assert type(model_drafter(model.drafter)).__name__ == KINDS[kind] and model.drafter_path == out / "drafter"
     check_runs(out, kind)
     if kind == "dflash":  # the same folder, no model drafter: prompt lookup, and plain decoding
         check_runs(out, "lookup")
@@ -98,7 +99,7 @@ def test_repo_ids_through_the_hf_cache(models_dir, tokenizer_dir, target_dir, tm
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert (mtp_out / "mtp.safetensors").exists() and (pair_out / "drafter" / "model.safetensors").exists()
-    assert type(mlx_spec.load(str(mtp_out))[0].drafter).__name__ == "MTPDrafter"
+    assert type(model_drafter(mlx_spec.load(str(mtp_out))[0].drafter)).__name__ == "MTPDrafter"
     check_runs(mtp_out, "mtp")
-    assert type(mlx_spec.load(str(pair_out))[0].drafter).__name__ == "DSparkDrafter"
+    assert type(model_drafter(mlx_spec.load(str(pair_out))[0].drafter)).__name__ == "DSparkDrafter"
     check_runs(pair_out, "dspark")

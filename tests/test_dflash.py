@@ -14,7 +14,7 @@ from mlx_spec.drafters.dflash import load_dflash
 
 @pytest.fixture(scope="module")
 def pair(target_dir, drafter_dir):
-    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir), mode="dflash")
     return model, tok
 
 
@@ -60,7 +60,7 @@ def test_sliding_causal_layers(tmp_path, target_dir):
     cfg = json.loads((path / "config.json").read_text())
     cfg.update(layer_types=["sliding_attention", "sliding_attention"], sliding_window=4)
     (path / "config.json").write_text(json.dumps(cfg))
-    model, tok = mlx_spec.load(str(target_dir), drafter=str(path))
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(path), mode="dflash")
     d = model.drafter
     assert d.config.window(0) == 4 and d.config.causal(0)
     ids = tok.encode("def add(a, b):\n    return a + b")
@@ -108,7 +108,7 @@ def test_muse_layout_and_quantized_drafter(tmp_path, target_dir, drafter_dir, pa
     w = {("encoder." + k.replace("hidden_norm", "output_norm_enc") if k.startswith(("fc", "hidden_norm")) else k): v
          for k, v in w.items()}
     mx.save_safetensors(str(muse / "model.safetensors"), w)
-    m2, _ = mlx_spec.load(str(target_dir), drafter=str(muse))
+    m2, _ = mlx_spec.load(str(target_dir), drafter=str(muse), mode="dflash")
     s2 = m2.drafter.make_state()
     m2.drafter.observe(s2, context(m2, ids), ids)
     assert mx.allclose(ref, m2.drafter.block_logits(s2, 3, 4), atol=1e-5).item()
@@ -119,7 +119,7 @@ def test_muse_layout_and_quantized_drafter(tmp_path, target_dir, drafter_dir, pa
     q = load_dflash(drafter_dir, model.target, json.loads((target_dir / "config.json").read_text()))
     nn.quantize(q, group_size=32, bits=8)
     qdir = save_dflash(q, tmp_path / "q8", {"quantization": {"group_size": 32, "bits": 8}})
-    m3, _ = mlx_spec.load(str(target_dir), drafter=str(qdir))
+    m3, _ = mlx_spec.load(str(target_dir), drafter=str(qdir), mode="dflash")
     assert "Quantized" in type(m3.drafter.fc).__name__
     s3 = m3.drafter.make_state()
     m3.drafter.observe(s3, context(m3, ids), ids)

@@ -12,6 +12,7 @@ from mlx.utils import tree_flatten
 import drafter_checks as checks
 import factory
 import mlx_spec
+from mlx_spec.drafters import model_drafter
 from mlx_spec.drafters.dflash2 import DFlash2Config, DFlash2Drafter
 from mlx_spec.engine.sampling import SamplingParams
 from mlx_spec.errors import DrafterMismatchError
@@ -67,7 +68,7 @@ def test_public_layout_loads_and_auto_detects(target_dir, dflash2_dir, drafter_d
     assert "candidate_selector.predecessor_codebook" in names and "layers.0.mlp_conv.base_kernel" in names
     for mode in ("auto", "dflash2"):
         model, _ = mlx_spec.load(str(target_dir), drafter=str(dflash2_dir), mode=mode)
-        assert type(model.drafter).__name__ == "DFlash2Drafter" and model.drafter.block_size == 8
+        assert type(model_drafter(model.drafter)).__name__ == "DFlash2Drafter" and model.drafter.block_size == 8
     with pytest.raises(DrafterMismatchError, match="is a DFlash 2 drafter, not what --mode dflash expects"):
         mlx_spec.load(str(target_dir), drafter=str(dflash2_dir), mode="dflash")
     with pytest.raises(DrafterMismatchError, match="is a DFlash drafter, not what --mode dflash2 expects"):
@@ -78,7 +79,7 @@ def test_drafts_depend_on_the_walk_and_state_trims(target_dir, dflash2_dir):
     """The selector conditions each draft on the one before it (changing the anchor changes later
     slots through the walk), q rows are the top-k candidates' law, and trim restores the state."""
     model, tok = mlx_spec.load(str(target_dir), drafter=str(dflash2_dir))
-    d, ids = model.drafter, tok.encode("def add(a, b):")
+    d, ids = model_drafter(model.drafter), tok.encode("def add(a, b):")
     _, hidden = model.target(mx.array([ids]), None)
     state = d.make_state()
     d.observe(state, hidden, ids)

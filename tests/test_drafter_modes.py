@@ -4,8 +4,10 @@ import pytest
 
 import factory
 import mlx_spec
+from mlx_spec.drafters import model_drafter
 from mlx_spec.drafters.draft_model import DraftModelDrafter
 from mlx_spec.drafters.lookup import LookupDrafter, LookupState
+from mlx_spec.drafters.pick import PickDrafter
 from drafter_checks import plain
 from test_lossless_greedy import PROMPTS, spec
 
@@ -19,8 +21,11 @@ def other_lm(models_dir, tokenizer_dir):
 
 
 def test_auto_mode_picks_by_content(target_dir, drafter_dir, other_lm):
-    assert type(mlx_spec.load(str(target_dir), drafter=str(drafter_dir))[0].drafter).__name__ == "DFlashDrafter"
-    assert isinstance(mlx_spec.load(str(target_dir), drafter=str(other_lm))[0].drafter, DraftModelDrafter)
+    # auto: the checkpoint's kind, with prompt lookup picked per conversation beside it (drafters/pick.py)
+    picked = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))[0].drafter
+    assert isinstance(picked, PickDrafter) and type(picked.inner).__name__ == "DFlashDrafter"
+    assert type(mlx_spec.load(str(target_dir), drafter=str(drafter_dir), mode="dflash")[0].drafter).__name__ == "DFlashDrafter"
+    assert isinstance(model_drafter(mlx_spec.load(str(target_dir), drafter=str(other_lm))[0].drafter), DraftModelDrafter)
     assert isinstance(mlx_spec.load(str(target_dir))[0].drafter, LookupDrafter)  # no known drafter: lookup
     assert mlx_spec.load(str(target_dir), mode="off")[0].drafter is None
     with pytest.raises(mlx_spec.DrafterMismatchError, match="not what --mode dflash expects"):
@@ -61,7 +66,7 @@ def test_dspark_loads_and_is_lossless(target_dir, dspark_dir, models_dir):
     from mlx_spec.drafters.dspark import DSparkDrafter
 
     model, tok = mlx_spec.load(str(target_dir), drafter=str(dspark_dir))
-    assert isinstance(model.drafter, DSparkDrafter) and model.drafter.block_size == 6  # 5 slots: 5 drafts
+    assert isinstance(model_drafter(model.drafter), DSparkDrafter) and model_drafter(model.drafter).block_size == 6  # 5 slots: 5 drafts
     for prompt in PROMPTS[:2]:
         ref = plain(target_dir, prompt, 30)
         for block in (2, 6):

@@ -91,7 +91,7 @@ def test_sampled_q_is_the_law_each_draft_was_drawn_from(head_dir, target_dir):
     """q_k = softmax(logits_k / T) where logits_k depends on the tokens actually drawn before slot k
     (and, for the RNN, on the state they built)."""
     head, path = head_dir
-    model, tok = mlx_spec.load(str(target_dir), drafter=str(path))
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(path), mode="dspark")
     d, ids = model.drafter, tok.encode("def add(a, b):")
     _, hidden = model.target(mx.array([ids]), None)
     state = d.make_state()

@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 import drafter_checks as checks
 import factory
 import mlx_spec
-from mlx_spec.drafters import checkpoint_kind
+from mlx_spec.drafters import checkpoint_kind, model_drafter
 from mlx_spec.drafters.eagle3 import Eagle3Config, Eagle3Drafter, Eagle3Model
 from drafter_checks import plain
 from test_lossless_greedy import PROMPTS, spec
@@ -72,7 +72,8 @@ def eagle(models_dir, target_dir):
 
 def load(target, drafter, **kw):
     model, tok = mlx_spec.load(str(target), drafter=str(drafter), block_size=8, **kw)
-    assert isinstance(model.drafter, Eagle3Drafter)
+    assert isinstance(model_drafter(model.drafter), Eagle3Drafter)
+    model.drafter = model_drafter(model.drafter)  # the drafter alone (auto adds prompt lookup: test_pick.py)
     return model, tok
 
 

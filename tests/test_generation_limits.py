@@ -70,7 +70,7 @@ class Alternate:
         self.n += 1
         return 3 * (self.n % 2 == 0)
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, source=None) -> None:
         pass
 
 

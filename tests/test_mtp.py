@@ -14,6 +14,7 @@ import factory
 import mlx_spec
 import mtp_checkpoints as ckpt
 from mlx_spec.drafters import checkpoint_kind
+from mlx_spec.drafters import model_drafter
 from mlx_spec.drafters.mtp import MTPDrafter, has_mtp, mtp_tensor_names
 from drafter_checks import plain
 from test_lossless_greedy import PROMPTS, spec
@@ -31,7 +32,7 @@ def glm(models_dir, tokenizer_dir):
 
 def load(target, **kw):
     model, tok = mlx_spec.load(str(target), block_size=8, **kw)
-    assert isinstance(model.drafter, MTPDrafter)
+    assert isinstance(model_drafter(model.drafter), MTPDrafter)
     return model, tok
 
 
@@ -64,7 +65,7 @@ def test_split_head_folder(qwen35, models_dir):
     head = ckpt.split(qwen35, models_dir / "mtp-qwen35-head")
     assert checkpoint_kind(head) == "mtp"
     model, tok = mlx_spec.load(str(qwen35), drafter=str(head), block_size=8)
-    assert isinstance(model.drafter, MTPDrafter)
+    assert isinstance(model_drafter(model.drafter), MTPDrafter)
     assert spec(model, tok, PROMPTS[0], 16, block_size=4)[0] == plain(qwen35, PROMPTS[0], 16)
 
 

@@ -15,6 +15,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from ..drafters import model_drafter
     from ..errors import MlxSpecError
     from ..train.data import builtin_prompts, read_prompts
     from ..train.evaluate import measure, table
@@ -23,6 +24,7 @@ def run(args) -> int:
     model, tok = load_from(args)
     if model.drafter is None:
         raise MlxSpecError("no drafter to evaluate; pass --drafter")
+    model.drafter = model_drafter(model.drafter)  # the drafter itself: never prompt lookup standing in for it
     prompts = read_prompts(args.prompts or builtin_prompts())[: args.limit]
     print(table(measure(model, tok, prompts, args.max_tokens, args.block_size)))
     return 0

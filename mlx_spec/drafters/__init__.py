@@ -28,6 +28,22 @@ def load_drafter(mode: str, path: Path | None, target, target_config: dict, bloc
         return LookupDrafter(block_size or 8)
     if path is None:
         raise MlxSpecError(f"--mode {mode} needs a drafter (--drafter PATH or repo id)")
+    drafter = _load_model_drafter(mode, path, target, target_config, block_size)
+    if mode == "auto":  # and prompt lookup where this conversation favours it (drafters/pick.py)
+        from .pick import PickDrafter
+
+        return PickDrafter(drafter)
+    return drafter
+
+
+def model_drafter(drafter):
+    """The drafter with a model behind it, where `drafter` may pick prompt lookup instead of it."""
+    from .pick import PickDrafter
+
+    return drafter.inner if isinstance(drafter, PickDrafter) else drafter
+
+
+def _load_model_drafter(mode: str, path: Path, target, target_config: dict, block_size: int | None):
     kind = "mtp" if mode == "mtp" else checkpoint_kind(path)  # a whole model with an MTP head reads as "lm"
     wanted = {"dflash": "dflash", "dflash2": "dflash2", "dspark": "dspark", "eagle3": "eagle3",
               "draft-model": "lm"}.get(mode, kind)

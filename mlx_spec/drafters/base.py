@@ -20,6 +20,7 @@ class Draft:
 
     tokens: mx.array  # [k] int32
     q: mx.array | None = None
+    source: str | None = None  # where a drafter draws from several sources, which one this is (drafters/pick.py)
 
     def __len__(self) -> int:
         return self.tokens.shape[0]

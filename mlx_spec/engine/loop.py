@@ -32,7 +32,7 @@ class Round:
 class DraftLength(Protocol):
     def next(self, context: int = 0) -> int: ...  # context: cached tokens before the round
 
-    def update(self, drafted: int, accepted: int) -> None: ...
+    def update(self, drafted: int, accepted: int, source: str | None = None) -> None: ...  # source: Draft.source
 
 
 class FixedLength:
@@ -42,7 +42,7 @@ class FixedLength:
     def next(self, context: int = 0) -> int:
         return self.k
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, source: str | None = None) -> None:
         pass
 
 
@@ -102,7 +102,7 @@ def step(target, drafter, states: list[DecodeState]) -> list[Round]:
         rows = s.sampler.process(history, p.tokens, logits[i, : len(p) + 1])
         accepted, tokens = accept(rows, p, s.sampler, target.kernels, position=len(s.pc.tokens) + 1)
         commit(s, tokens, None if hidden is None else hidden[i : i + 1], width, defer=len(states) > 1)
-        s.lengths.update(len(p), accepted)
+        s.lengths.update(len(p), accepted, p.source)
         rounds.append(Round(tokens, len(p), accepted))
     replay([s.pc for s in states])  # rewound recurrent states, batched
     return rounds

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mlx_spec.drafters import model_drafter
 from mlx_spec.errors import MlxSpecError
 
 from .commands import BY_NAME, SPECS
@@ -158,8 +159,11 @@ def model(chat):
     if s.drafter is None:
         chat.out.say("drafter  none")
     else:
+        inner = model_drafter(s.drafter)
         kind = {"DFlashDrafter": "DFlash", "DSparkDrafter": "DSpark", "LookupDrafter": "prompt lookup (no model)",
-                "DraftModelDrafter": "draft model"}.get(type(s.drafter).__name__, type(s.drafter).__name__)
+                "DraftModelDrafter": "draft model"}.get(type(inner).__name__, type(inner).__name__)
+        if inner is not s.drafter:
+            kind += ", or prompt lookup where this conversation favours it"
         chat.out.say(f"drafter  {kind}" + (f", {s.model.drafter_path}" if s.model.drafter_path else ""))
         taps = f", reads target layers {list(s.drafter.tap_ids)}" if s.drafter.tap_ids else ""
         chat.out.say(f"         block size {s.drafter.block_size}{taps}")

@@ -1,0 +1,170 @@
+"""A model drafter and prompt lookup, picked per conversation by what each would have had accepted.
+
+Prompt lookup costs nothing and wins where the target re-emits its context (raw continuations of a
+file, edits, quoting); a model drafter wins where the text is new. Neither is best everywhere, and a
+fixed rule (lookup whenever it found a continuation) cost edits a third of their τ. So each round this
+drafter proposes from the source with the better record in this conversation:
+
+- the records compare the two on the same rounds only: rounds where lookup found a continuation (the
+  model drafter alone is judged on other rounds too, which flattered or sank it by selection);
+- lookup's record is kept on every such round, proposed or not: its continuation is free to compute
+  and is judged against the tokens committed after it; the model's only where it ran;
+- a draft is judged once the committed tokens settle it (a mismatch, or as many tokens as it has), so a
+  source is never capped by the other's shorter acceptance (until lookup's first candidate settles, what
+  it has had right so far stands in for its record);
+- the model drafts until both have a record (lookup's costs no round: it is judged either way), and
+  while lookup leads it still drafts every `RETRY`-th such round, so that its record follows the
+  conversation.
+
+Lossless: the choice depends on committed tokens only, never on the round being verified, and each
+draft carries its own proposal distribution (lookup's is one-hot).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from .base import Draft
+from .lookup import LookupDrafter, LookupState
+
+RETRY = 8  # while lookup leads, the model drafts every RETRY-th round where both could
+SPAN = 16  # records are means over about the last SPAN judged rounds
+
+
+@dataclass
+class Record:
+    """Mean tokens accepted per judged round, weighted towards recent rounds."""
+
+    mean: float = 0.0
+    n: int = 0
+
+    def add(self, accepted: int) -> None:
+        self.n += 1
+        self.mean += (accepted - self.mean) / min(self.n, SPAN)
+
+
+@dataclass
+class Pending:
+    """A draft (or lookup's continuation, proposed or not) waiting for the tokens that judge it."""
+
+    at: int  # position of the anchor it followed
+    tokens: mx.array | list[int]  # a model draft stays lazy until judged: reading it at once would wait for it
+    record: Record
+    agreed: int = 0  # tokens committed since, all of which it had right (while undecided)
+
+
+@dataclass
+class PickState:
+    lookup: LookupState
+    model: object
+    records: dict[str, Record] = field(default_factory=lambda: {"lookup": Record(), "model": Record()})
+    pending: list[Pending] = field(default_factory=list)
+    since_model: int = 0  # rounds where both could draft since the model last did
+    drafted: dict[str, int] = field(default_factory=lambda: {"lookup": 0, "model": 0})  # rounds each drafted
+
+    @property
+    def offset(self) -> int:
+        return self.lookup.offset
+
+    def lookup_estimate(self) -> float | None:
+        """Lookup's record; before its first candidate is settled, what the longest of them has had right so
+        far (a candidate the model's rounds leave undecided would otherwise keep lookup waiting for rounds)."""
+        record = self.records["lookup"]
+        if record.n:
+            return record.mean
+        return max((p.agreed for p in self.pending if p.record is record), default=None)
+
+    def trim(self, n: int) -> int:
+        self.pending.clear()  # they judge positions that are being taken back
+        self.model.trim(n)
+        return self.lookup.trim(n)
+
+
+class PickDrafter:
+    """`model` (any drafter with a model behind it) or prompt lookup, whichever this conversation favours."""
+
+    def __init__(self, model, max_ngram: int = 3):
+        self.inner = model
+        self.lookup = LookupDrafter(model.block_size, max_ngram)
+        self.block_size, self.tap_ids = model.block_size, model.tap_ids
+
+    def __getattr__(self, name):  # the model drafter's own attributes (config, layers, ...) read through
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def make_state(self) -> PickState:
+        return PickState(self.lookup.make_state(), self.inner.make_state())
+
+    def observe(self, state: PickState, hidden, tokens: list[int]) -> None:
+        self.lookup.observe(state.lookup, None, tokens)
+        self.inner.observe(state.model, hidden, tokens)
+
+    def context_spans(self, state: PickState) -> list[int]:
+        spans = getattr(self.inner, "context_spans", None)
+        return spans(state.model) if spans else []
+
+    def propose(self, state: PickState, anchor: int, k: int, sampling) -> Draft:
+        found, by_lookup = self._choose(state, anchor, k)
+        draft = looked_up(found) if by_lookup else self.inner.propose(state.model, anchor, k, sampling)
+        return self._record(state, found, draft, not by_lookup)
+
+    def propose_batch(self, states: list[PickState], anchors: list[int], ks: list[int], samplings: list) -> list[Draft]:
+        chosen = [self._choose(s, a, k) for s, a, k in zip(states, anchors, ks)]
+        drafts = [looked_up(found) if by_lookup else None for found, by_lookup in chosen]
+        modelled = [i for i, d in enumerate(drafts) if d is None]
+        if modelled:
+            args = [[col[i] for i in modelled] for col in ([s.model for s in states], anchors, ks, samplings)]
+            batched = getattr(self.inner, "propose_batch", None)
+            made = batched(*args) if batched and len(modelled) > 1 else [self.inner.propose(*a) for a in zip(*args)]
+            for i, d in zip(modelled, made):
+                drafts[i] = d
+        return [self._record(s, found, d, not by_lookup) for s, (found, by_lookup), d in zip(states, chosen, drafts)]
+
+    def _choose(self, state: PickState, anchor: int, k: int) -> tuple[list[int], bool]:
+        """Lookup's continuation, and whether it drafts this round (after judging what is now settled)."""
+        settle(state, anchor)
+        found = state.lookup.continuation(state.lookup.tokens[-self.lookup.max_ngram :] + [anchor], k)
+        if not found:
+            return found, False
+        state.since_model += 1
+        lookup, model = state.lookup_estimate(), state.records["model"]
+        return found, model.n > 0 and lookup is not None and lookup > model.mean and state.since_model < RETRY
+
+    def _record(self, state: PickState, found: list[int], draft: Draft, by_model: bool) -> Draft:
+        """Queue the round's candidates for judging, where both sources could draft."""
+        state.drafted["model" if by_model else "lookup"] += 1
+        if found:
+            state.pending.append(Pending(state.offset, found, state.records["lookup"]))
+            if by_model:
+                state.pending.append(Pending(state.offset, draft.tokens, state.records["model"]))
+                state.since_model = 0
+        return draft
+
+
+def looked_up(found: list[int]) -> Draft:
+    return Draft(mx.array(found, mx.int32), source="lookup")  # one-hot q: deterministic drafts
+
+
+def settle(state: PickState, anchor: int) -> None:
+    """Record every pending candidate that the committed tokens (and the new anchor) now decide."""
+    if not state.pending:
+        return
+    undecided, tokens = [], state.lookup.tokens
+    for p in state.pending:
+        if p.at >= state.offset:
+            continue  # nothing committed since it was proposed (proposed again in its place): no judgment
+        if not isinstance(p.tokens, list):
+            p.tokens = p.tokens.tolist()  # evaluated by now: the round that verified it has ended
+        truth = tokens[p.at + 1 :] + [anchor]
+        n = 0
+        while n < min(len(p.tokens), len(truth)) and p.tokens[n] == truth[n]:
+            n += 1
+        if n == len(truth) < len(p.tokens):
+            p.agreed = n  # every committed token agrees so far
+            undecided.append(p)
+        else:
+            p.record.add(n)
+    state.pending = undecided

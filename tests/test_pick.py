@@ -1,0 +1,158 @@
+"""Prompt lookup picked per conversation beside a model drafter (drafters/pick.py): the choice follows
+what each source would have had accepted, and output stays the target's, alone and batched."""
+
+import random
+
+import mlx.core as mx
+import pytest
+
+import factory
+import mlx_spec
+from mlx_spec.drafters import model_drafter
+from mlx_spec.drafters.pick import RETRY, PickDrafter
+from mlx_spec.engine.sampling import Sampler, SamplingParams
+from drafter_checks import plain
+from test_batch import together
+from test_lossless_greedy import spec
+from test_lossless_sampling import BLOCKS, LAWS, TINY_N, TINY_PROMPT, TINY_RUNS, count_runs, exact_joint, law_pvalue, tiny  # noqa: F401
+
+GREEDY = Sampler(SamplingParams(), 100).drafting(0)
+
+
+def play(drafter, truth: list[int], prompt: int, k: int = 7):
+    """The loop's bookkeeping over a known continuation: each round commits the anchor and the drafts
+    that agree with `truth`, and the token after them becomes the next anchor. Returns the state and
+    which source drafted each round ("lookup" or "model")."""
+    state, sources = drafter.make_state(), []
+    drafter.observe(state, None, truth[:prompt])
+    at = prompt  # the anchor's position
+    while at + 1 + k < len(truth):
+        before = dict(state.drafted)
+        got = drafter.propose(state, truth[at], k, GREEDY).tokens.tolist()
+        sources.append(next(s for s in before if state.drafted[s] > before[s]))
+        a = 0
+        while a < len(got) and got[a] == truth[at + 1 + a]:
+            a += 1
+        drafter.observe(state, None, truth[at : at + 1 + a])
+        at += 1 + a
+    return state, sources
+
+
+def repeating(n: int, seed: int = 0) -> list[int]:
+    """n random tokens, then the same n again: the second half is prompt lookup's home ground."""
+    rng = random.Random(seed)
+    head = [rng.randrange(50, 100) for _ in range(n)]
+    return head + head
+
+
+def test_lookup_drafts_where_the_text_repeats_and_the_model_is_retried():
+    truth = repeating(120)
+    bad_model = factory.OracleDrafter(truth, block_size=8, error_rate=1.0, vocab=40)  # never right
+    state, sources = play(PickDrafter(bad_model), truth, prompt=125)
+    assert sources[0] == "model"  # the model drafts until both have a record
+    assert sources[1:].count("lookup") >= len(sources) // 2
+    eligible_model = [i for i, s in enumerate(sources[1:], 1) if s == "model"]
+    assert eligible_model and all(b - a == RETRY for a, b in zip(eligible_model, eligible_model[1:]))
+    assert state.records["lookup"].mean > 5 > 0 == state.records["model"].mean
+
+
+def test_the_model_keeps_drafting_where_it_is_better():
+    rng = random.Random(1)
+    truth = [rng.randrange(4) for _ in range(300)]  # 3-grams recur, what follows them does not
+    state, sources = play(PickDrafter(factory.OracleDrafter(truth, block_size=8, error_rate=0.0)), truth, prompt=40)
+    assert set(sources) == {"model"}
+    assert state.records["lookup"].n > 0 and state.records["lookup"].mean < state.records["model"].mean == 7
+
+
+def test_a_candidate_is_judged_on_the_tokens_after_the_round_that_ended_it():
+    """The model's round accepts nothing, so it commits two tokens; lookup's candidate (all of which is
+    right) must be judged over the rounds that follow, not capped at what that round committed."""
+    truth = repeating(60)
+    drafter = PickDrafter(factory.OracleDrafter(truth, block_size=8, error_rate=1.0, vocab=40))
+    state = drafter.make_state()
+    drafter.observe(state, None, truth[:70])
+    drafter.propose(state, truth[70], 7, GREEDY)  # the model drafts (no records yet): all wrong
+    drafter.observe(state, None, truth[70:71])
+    drafter.propose(state, truth[71], 7, GREEDY)
+    assert state.records["model"].mean == 0 and state.records["lookup"].n == 0  # lookup's 7 not yet settled
+    drafter.observe(state, None, truth[71:80])
+    drafter.propose(state, truth[80], 7, GREEDY)
+    assert state.records["lookup"].mean == 7
+
+
+def test_trim_takes_back_both_sources_and_the_pending_judgments():
+    truth = repeating(60)
+    drafter = PickDrafter(factory.OracleDrafter(truth, block_size=8, error_rate=1.0, vocab=40))
+    state, _ = play(drafter, truth, prompt=70)
+    n = state.offset
+    state.pending.append(state.pending[0] if state.pending else None)
+    assert state.trim(5) == 5
+    assert state.offset == state.model.offset == n - 5 and state.pending == []
+    assert state.lookup.tokens == truth[: n - 5]
+
+
+def test_auto_mode_wraps_a_model_drafter_and_named_modes_do_not(target_dir, drafter_dir):
+    model, _ = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    assert isinstance(model.drafter, PickDrafter) and model_drafter(model.drafter) is model.drafter.inner
+    assert model.drafter.block_size == model.drafter.inner.block_size and model.drafter.tap_ids
+    assert not isinstance(mlx_spec.load(str(target_dir), drafter=str(drafter_dir), mode="dflash")[0].drafter, PickDrafter)
+
+
+REPEATS = "for i in range(10):\n    print(i)\nfor i in range(10):\n    print("
+
+
+@pytest.mark.parametrize("prompt", [REPEATS, "def add(a, b):"])
+def test_greedy_identity_with_both_sources(target_dir, drafter_dir, prompt):
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    ref = plain(target_dir, prompt, 40)
+    cache = mlx_spec.make_prompt_cache(model)
+    for block in (3, 8):
+        got, last = spec(model, tok, prompt, 40, block_size=block, prompt_cache=cache)  # records carry over
+        assert got == ref, block
+        assert last.spec.drafted > 0
+    if prompt == REPEATS:
+        drafted = cache.drafter_state().drafted
+        assert drafted["lookup"] > 0 and drafted["model"] > 0, drafted
+
+
+def test_batched_rounds_mix_sources_and_stay_lossless(target_dir, drafter_dir):
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    states, real = {}, model.drafter.propose_batch
+    model.drafter.propose_batch = lambda batch, *a: states.update({id(s): s for s in batch}) or real(batch, *a)
+    requests = [(p, SamplingParams(), 6) for p in (REPEATS, "def add(a, b):", "Hello", REPEATS + "i)\n")]
+    outs = together(model, tok, requests, join_at=[0, 0, 1, 2])
+    assert outs == [plain(target_dir, p, 24) for p, _, _ in requests]
+    drafted = {src: sum(s.drafted[src] for s in states.values()) for src in ("lookup", "model")}
+    assert drafted["lookup"] > 0 and drafted["model"] > 0, drafted
+
+
+def test_sampled_output_follows_the_target_with_either_source_drafting(tiny):
+    """Rejection sampling with the source picked per round (lookup's q one-hot, the model's its own): the
+    first tokens' law is the target's. The records carry across runs (one cache), so both sources draft."""
+    model, tok = mlx_spec.load(str(tiny["target"]), drafter=str(tiny["dflash"]))
+    made, real = [], model.drafter.make_state
+    model.drafter.make_state = lambda: made.append(real()) or made[-1]
+    params = LAWS["lookup"]  # letters made likelier: lookup finds continuations in the prompt
+    exact = exact_joint(model.model, tok.encode(TINY_PROMPT), params, TINY_N, eos=set(tok.eos_token_ids))
+    counts = count_runs(model, tok, params, TINY_RUNS, TINY_PROMPT, TINY_N, BLOCKS, seeded=False)
+    assert law_pvalue(exact, counts, TINY_RUNS, TINY_N) > 1e-3
+    (state,) = made
+    assert min(state.drafted.values()) >= 50, state.drafted
+
+
+def test_the_controller_plans_each_source_from_its_own_rounds():
+    """Lookup's fully accepted runs must not have the model drafter drafting long blocks it rarely gets
+    right, nor the model's misses keep lookup short: each round is planned from the estimates of the
+    source that drafted the last one."""
+    from mlx_spec.calibrate import CostCurve
+    from mlx_spec.controller import AdaptiveLength
+
+    lengths = AdaptiveLength(CostCurve(verify=[1.0 + 0.05 * m for m in range(8)], draft=[0.1] * 7), 7, clock=None)
+    for _ in range(12):
+        lengths.update(7, 7, "lookup")
+    lookup_k = lengths.next()
+    for _ in range(12):
+        lengths.update(7, 0)  # the model drafter (no source named)
+    assert lookup_k == 7 and lengths.next() == 0
+    lengths.update(1, 1, "lookup")
+    assert lengths.next() == 7  # lookup's own record, not the model's misses
