@@ -185,6 +185,11 @@ class AdaptiveLength:
         if self.memory is not None and source is None:
             self.memory.alphas = self.estimates()
 
+    def expect(self, source: str | None) -> None:
+        """The next round will likely draft from `source` (the drafter's guess, engine/cache.py
+        `next_source`): plan it from that source's estimates."""
+        self._use(source)
+
     def _use(self, source: str | None) -> None:
         """Estimates per source of drafts (drafters/pick.py: the model drafter's, None, and prompt
         lookup's): each round is planned with the estimates of the source that drafted the last one,

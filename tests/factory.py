@@ -235,3 +235,6 @@ class ScriptedLengths:
 
     def update(self, drafted, accepted, source=None):
         pass
+
+    def expect(self, source):
+        pass

@@ -43,17 +43,19 @@ def wait_gone(tmp_path, timeout=10.0) -> None:
         time.sleep(0.1)
 
 
-def one_process(conversation: list[dict]) -> list[str]:
-    """What one process's chat replies to each user turn of `conversation` (greedy, block 8)."""
+def one_process(conversation: list[dict], max_tokens: dict[int, int]) -> list[str]:
+    """What one process's chat replies to each user turn of `conversation` (greedy, block 8), the n-th
+    reply with max_tokens[n] tokens at most."""
     from mlx_spec import load
     from mlx_spec.app.chat.session import Session
     from mlx_spec.app.chat.settings import Settings
     from mlx_spec.app.chat.worker import TICK
 
     model, tokenizer = load(None)
-    session, settings = Session(model, tokenizer), Settings(max_tokens=24, block_size=8)
-    return ["".join(r.text for r in session.reply(conversation[:i], settings) if r is not TICK)
-            for i, m in enumerate(conversation) if m["role"] == "assistant"]
+    session = Session(model, tokenizer)
+    turns = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
+    return ["".join(r.text for r in session.reply(conversation[:i], Settings(max_tokens=max_tokens[n], block_size=8))
+                    if r is not TICK) for n, i in enumerate(turns)]
 
 
 @pytest.fixture
@@ -108,7 +110,7 @@ def test_chat_across_ranks_as_one_process_then_a_killed_follower_is_a_clear_mess
 
     conversation = json.loads(saved.read_text())["messages"]
     got = [m["content"] for m in conversation if m["role"] == "assistant"]
-    want = one_process(conversation)
+    want = one_process(conversation, {0: 24, 1: 24, 2: 400, 3: 24})  # the stopped reply could run to 400
     assert len(got) == 4 and got[1] == want[1]  # /regen replaced the second reply with the same one
     assert got[0] == want[0] and got[3] == want[3]
     assert got[2] and want[2].startswith(got[2]) and len(got[2]) < len(want[2])  # stopped part-way
@@ -154,4 +156,4 @@ def test_chat_joins_under_mlx_launch(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "2 ranks" in out.stdout + out.stderr
     conversation = json.loads(saved.read_text())["messages"]
-    assert [m["content"] for m in conversation if m["role"] == "assistant"] == one_process(conversation)
+    assert [m["content"] for m in conversation if m["role"] == "assistant"] == one_process(conversation, {0: 24})

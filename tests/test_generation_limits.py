@@ -73,6 +73,9 @@ class Alternate:
     def update(self, drafted: int, accepted: int, source=None) -> None:
         pass
 
+    def expect(self, source) -> None:
+        pass
+
 
 def test_tau_of_a_mixed_run_matches_its_counters(pair):
     model, tok = pair

@@ -156,3 +156,25 @@ def test_the_controller_plans_each_source_from_its_own_rounds():
     assert lookup_k == 7 and lengths.next() == 0
     lengths.update(1, 1, "lookup")
     assert lengths.next() == 7  # lookup's own record, not the model's misses
+
+
+def test_lookup_is_expected_before_the_anchor_is_read(target_dir, drafter_dir):
+    """While the loop runs a token ahead it plans the next round without its anchor: the drafter tells
+    which source will likely draft it, from the tokens so far (lookup's index is fed at once, not with
+    the model drafter's rows)."""
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    pc = mlx_spec.make_prompt_cache(model)
+    ids = tok.encode(REPEATS)
+    unseen = next(t for t in range(model.vocab_size) if t not in ids)
+    _, hidden = model.target(mx.array([ids + [unseen]]), None)
+    pc.add(ids, hidden[:, :-1])
+    state = pc._state
+    assert state.lookup.tokens == ids and state.model.offset == 0  # the model's rows wait for its next pass
+    assert pc.next_source() is None  # no records yet: the model
+    state.records["model"].add(0)
+    state.records["lookup"].add(5)
+    assert pc.next_source() == "lookup"  # the last tokens occurred before
+    pc.add([unseen], hidden[:, -1:])
+    assert pc.next_source() is None  # a token never seen: lookup has nothing to follow
+    pc.drafter_state()  # the model catches up; lookup does not take those tokens twice
+    assert state.lookup.tokens == ids + [unseen] and state.model.offset == len(ids) + 1

@@ -99,8 +99,24 @@ class PickDrafter:
         return PickState(self.lookup.make_state(), self.inner.make_state())
 
     def observe(self, state: PickState, hidden, tokens: list[int]) -> None:
-        self.lookup.observe(state.lookup, None, tokens)
+        ahead = state.lookup.offset - state.model.offset  # lookup may have them already (observe_tokens)
+        self.observe_tokens(state, tokens[ahead:])
         self.inner.observe(state.model, hidden, tokens)
+
+    def observe_tokens(self, state: PickState, tokens: list[int]) -> None:
+        """Committed tokens, as soon as they are: lookup needs no hidden states, and `next_source` reads it
+        while the model drafter's rows wait for its next pass (engine/cache.py)."""
+        state.lookup.extend(list(tokens))
+
+    def next_source(self, state: PickState) -> str | None:
+        """Whom the next round will likely draft from, before its anchor is known (while the loop runs a
+        token ahead it has not read it): lookup where the last tokens occurred before and lookup leads
+        this conversation, else the model (None). The controller plans the round's length from that
+        source's acceptance (controller.py)."""
+        if not state.lookup.continuation(state.lookup.tokens[-self.lookup.max_ngram :], 1):
+            return None
+        lookup, model = state.lookup_estimate(), state.records["model"]
+        return "lookup" if model.n and lookup is not None and lookup > model.mean else None
 
     def context_spans(self, state: PickState) -> list[int]:
         spans = getattr(self.inner, "context_spans", None)

@@ -56,6 +56,7 @@ class PromptCache:
         self.kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size)  # quantized KV caches (mlx-lm's), if set
         self._body = body(model)
         self._drafter = drafter
+        self._eager = getattr(drafter, "observe_tokens", None)
         self.deferred: list[int] | None = None  # accepted tokens whose replay waits (see add)
         self.reset()
         recurrent_mixers(model, self.layers, self.cache)  # from now on they record their inputs (see replay)
@@ -89,6 +90,8 @@ class PromptCache:
             self._checkpoint()
         if self._drafter is None:
             return
+        if self._eager is not None:  # what needs no hidden states goes in at once (drafters/pick.py's lookup)
+            self._eager(self._state, tokens)
         self._pending.append((hidden, list(tokens)))
         self._pending_rows += len(tokens)
         if self._pending_rows >= self.FLUSH_ROWS:
@@ -105,6 +108,12 @@ class PromptCache:
         mx.eval(out, [a for c in leaves(cache) if hasattr(c, "state") for _, a in tree_flatten(c.state)
                       if isinstance(a, mx.array)])
         PromptCache.replay_seconds += time.perf_counter() - t
+
+    def next_source(self) -> str | None:
+        """The source the drafter expects to draft the next round from (None: its model), read from the
+        tokens so far: while the loop runs a token ahead, the anchor is not known yet (drafters/pick.py)."""
+        guess = getattr(self._drafter, "next_source", None)
+        return guess(self._state) if guess is not None else None
 
     def drafter_state(self):
         """The drafter's state, caught up with every committed row."""

@@ -34,6 +34,8 @@ class DraftLength(Protocol):
 
     def update(self, drafted: int, accepted: int, source: str | None = None) -> None: ...  # source: Draft.source
 
+    def expect(self, source: str | None) -> None: ...  # the source the next round will likely draft from
+
 
 class FixedLength:
     def __init__(self, k: int):
@@ -43,6 +45,9 @@ class FixedLength:
         return self.k
 
     def update(self, drafted: int, accepted: int, source: str | None = None) -> None:
+        pass
+
+    def expect(self, source: str | None) -> None:
         pass
 
 
@@ -111,6 +116,7 @@ def step(target, drafter, states: list[DecodeState]) -> list[Round]:
 def plan(s: DecodeState, budget: int | None = None) -> int:
     """The next round's draft length: the controller's choice, within the tokens still wanted."""
     if s.k is None:
+        s.lengths.expect(s.pc.next_source())
         s.k = min(s.lengths.next(len(s.pc.tokens)), max(0, (s.remaining if budget is None else budget) - 1))
     return s.k
 
