@@ -182,7 +182,9 @@ class AdaptiveLength:
         for i in range(judged):
             self.trials[i] += 1
             self.hits[i] += i < accepted
-        if self.memory is not None and source is None:
+        if self.memory is not None:
+            # whichever source drafted: the next request starts from it (the model's misses alone on raw text,
+            # where lookup drafted the rest, left the requests after it plain: three probes could not lift them)
             self.memory.alphas = self.estimates()
 
     def expect(self, source: str | None) -> None:

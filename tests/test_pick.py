@@ -178,3 +178,17 @@ def test_lookup_is_expected_before_the_anchor_is_read(target_dir, drafter_dir):
     assert pc.next_source() is None  # a token never seen: lookup has nothing to follow
     pc.drafter_state()  # the model catches up; lookup does not take those tokens twice
     assert state.lookup.tokens == ids + [unseen] and state.model.offset == len(ids) + 1
+
+
+def test_the_next_request_starts_from_the_source_that_drafted_last():
+    """The model's misses on raw text (where lookup drafted the rest) must not leave the requests after it
+    plain: they start from the estimates of whichever source drafted last."""
+    from mlx_spec.calibrate import CostCurve
+    from mlx_spec.controller import AdaptiveLength, ControllerMemory
+
+    curve = CostCurve(verify=[1.0 + 0.3 * m for m in range(8)], draft=[0.3] * 7)  # drafting pays at high acceptance
+    memory = ControllerMemory()
+    first = AdaptiveLength(curve, 7, memory=memory, clock=None)
+    for source in [None, "lookup"] * 12:
+        first.update(7, 0 if source is None else 7, source)
+    assert AdaptiveLength(curve, 7, memory=memory, clock=None).next() > 0
