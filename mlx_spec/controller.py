@@ -194,9 +194,9 @@ class AdaptiveLength:
 
     def _use(self, source: str | None) -> None:
         """Estimates per source of drafts (drafters/pick.py: the model drafter's, None, and prompt
-        lookup's): each round is planned with the estimates of the source that drafted the last one,
-        since a conversation's rounds come in runs of one source, and lookup's long accepted runs would
-        otherwise have the model drafting long blocks where it is rarely right (and the reverse)."""
+        lookup's): each round is planned from the estimates of the source expected to draft it (`expect`)
+        and recorded in those of the source that did, since lookup's long accepted runs would otherwise
+        have the model drafting long blocks where it is rarely right (and the reverse)."""
         if source == self.source:
             return
         self._sources[self.source] = (self.hits, self.trials)
