@@ -45,6 +45,14 @@ class Drafter(Protocol):
     # reads (0: all of them), for the cost curve's growth with the context (calibrate.CostCurve.spans).
 
 
+def propose_all(drafter, states: list, anchors: list[int], ks: list[int], samplings: list) -> list[Draft]:
+    """Several requests' drafts: in one pass where the drafter batches them, else one request at a time."""
+    batched = getattr(drafter, "propose_batch", None) if len(states) > 1 else None
+    if batched:
+        return batched(states, anchors, ks, samplings)
+    return [drafter.propose(*a) for a in zip(states, anchors, ks, samplings)]
+
+
 def load_strict(module, weights: dict, path, against: str = "its config", what: str = "weights") -> None:
     """Load a checkpoint's weights into `module`, every tensor accounted for; a mismatch is the
     checkpoint's, named in one line."""

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .base import Draft
+from .base import Draft, propose_all
 from .lookup import LookupDrafter, LookupState
 
 RETRY = 8  # while lookup leads, the model drafts every RETRY-th round where both could
@@ -76,6 +76,11 @@ class PickState:
             return record.mean
         return max((p.agreed for p in self.pending if p.record is record), default=None)
 
+    def lookup_leads(self) -> bool:
+        """Both sources have a record (or lookup a candidate so far right) and lookup's is the better."""
+        lookup, model = self.lookup_estimate(), self.records["model"]
+        return model.n > 0 and lookup is not None and lookup > model.mean
+
     def trim(self, n: int) -> int:
         self.pending.clear()  # they judge positions that are being taken back
         self.model.trim(n)
@@ -106,17 +111,15 @@ class PickDrafter:
     def observe_tokens(self, state: PickState, tokens: list[int]) -> None:
         """Committed tokens, as soon as they are: lookup needs no hidden states, and `next_source` reads it
         while the model drafter's rows wait for its next pass (engine/cache.py)."""
-        state.lookup.extend(list(tokens))
+        state.lookup.extend(tokens)
 
     def next_source(self, state: PickState) -> str | None:
         """Whom the next round will likely draft from, before its anchor is known (while the loop runs a
         token ahead it has not read it): lookup where the last tokens occurred before and lookup leads
         this conversation, else the model (None). The controller plans the round's length from that
         source's acceptance (controller.py)."""
-        if not state.lookup.continuation(state.lookup.tokens[-self.lookup.max_ngram :], 1):
-            return None
-        lookup, model = state.lookup_estimate(), state.records["model"]
-        return "lookup" if model.n and lookup is not None and lookup > model.mean else None
+        found = state.lookup.continuation(state.lookup.tokens[-self.lookup.max_ngram :], 1)
+        return "lookup" if found and state.lookup_leads() else None
 
     def context_spans(self, state: PickState) -> list[int]:
         spans = getattr(self.inner, "context_spans", None)
@@ -133,9 +136,7 @@ class PickDrafter:
         modelled = [i for i, d in enumerate(drafts) if d is None]
         if modelled:
             args = [[col[i] for i in modelled] for col in ([s.model for s in states], anchors, ks, samplings)]
-            batched = getattr(self.inner, "propose_batch", None)
-            made = batched(*args) if batched and len(modelled) > 1 else [self.inner.propose(*a) for a in zip(*args)]
-            for i, d in zip(modelled, made):
+            for i, d in zip(modelled, propose_all(self.inner, *args)):
                 drafts[i] = d
         return [self._record(s, found, d, not by_lookup) for s, (found, by_lookup), d in zip(states, chosen, drafts)]
 
@@ -146,8 +147,7 @@ class PickDrafter:
         if not found:
             return found, False
         state.since_model += 1
-        lookup, model = state.lookup_estimate(), state.records["model"]
-        return found, model.n > 0 and lookup is not None and lookup > model.mean and state.since_model < RETRY
+        return found, state.lookup_leads() and state.since_model < RETRY
 
     def _record(self, state: PickState, found: list[int], draft: Draft, by_model: bool) -> Draft:
         """Queue the round's candidates for judging, where both sources could draft."""

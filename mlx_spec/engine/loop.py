@@ -15,7 +15,7 @@ from typing import Iterator, Protocol
 import mlx.core as mx
 
 from ..controller import plan_batch
-from ..drafters.base import Draft
+from ..drafters.base import Draft, propose_all
 from .batch import batch_caches, can_batch, replay
 from .cache import PromptCache, eval_state, trim
 from .rollback import batchable
@@ -127,12 +127,7 @@ def draft(drafter, states: list[DecodeState]) -> list[Draft]:
     drafting = [drafter is not None and bool(s.k) for s in states]
     args = [(s.pc.drafter_state(), s.anchor, s.k, s.sampler.drafting(len(s.pc.tokens) + 1))
             for s, d in zip(states, drafting) if d]
-    batched = getattr(drafter, "propose_batch", None) if len(args) > 1 else None
-    if batched:
-        states_, anchors, ks, samplings = (list(col) for col in zip(*args))
-        made = iter(batched(states_, anchors, ks, samplings))
-    else:
-        made = iter([drafter.propose(*a) for a in args])
+    made = iter(propose_all(drafter, *(list(col) for col in zip(*args))) if args else [])
     proposals = [next(made) if d else Draft(mx.zeros((0,), mx.int32)) for d in drafting]
     mx.async_eval([p.tokens for p in proposals])  # the drafter runs while the host builds the verify pass
     return proposals
