@@ -318,16 +318,19 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
     from .engine.rollback import batchable
     from .generate import make_prompt_cache
 
-    vocab, top = model.vocab_size, max(rows)
-    pcs = [make_prompt_cache(model) for _ in range(top)]
-    if not can_batch([pc.cache for pc in pcs]) or not batchable(model.target.model):  # the loop verifies alone
+    vocab = model.vocab_size
+    # each batch size its own rows: rows batched together stay in one slab round after round
+    # (engine/slab.py), so the timed passes see the steady state, not a slab rebuilt for every shape
+    pcs = {b: [make_prompt_cache(model) for _ in range(b)] for b in rows}
+    if not can_batch([pc.cache for pc in pcs[rows[0]]]) or not batchable(model.target.model):  # verifies alone
         return []
-    _fill_rows(model, pcs, [context] * top)
+    for group in pcs.values():
+        _fill_rows(model, group, [context] * len(group))
     widths = [w for w in BATCH_WIDTHS if w <= max_width] + ([max_width] if max_width not in BATCH_WIDTHS else [])
     shapes = [(b, w) for b in rows for w in widths]
 
     def run(b, w):
-        caches = [pc.cache for pc in pcs[:b]]
+        caches = [pc.cache for pc in pcs[b]]
         block = mx.array([[(i * 13 + r) % vocab for i in range(w)] for r in range(b)])
 
         def timed():
@@ -403,9 +406,9 @@ def curve_key(model) -> str:
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
-             # rounds/11: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans,
-             # dips levelled
-             "rounds/11"]
+             # rounds/11..: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans,
+             # dips levelled; /12: batched rows kept in slabs
+             "rounds/12"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

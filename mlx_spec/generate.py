@@ -267,7 +267,11 @@ class Generation:
 def step_all(model: Loaded, generations: list[Generation]) -> list[GenerationResponse]:
     """One verify round for several started, unfinished generations: their blocks share one target pass."""
     rounds = step(model.target, model.drafter, [g.state for g in generations])
-    return [g.emit(r) for g, r in zip(generations, rounds)]
+    responses = [g.emit(r) for g, r in zip(generations, rounds)]
+    for g in generations:
+        if g.finished:
+            g.state.pc.leave_batch()
+    return responses
 
 
 def generate(model: Loaded, tokenizer, prompt, max_tokens: int = 256, verbose: bool = False, **kwargs) -> str:

@@ -273,7 +273,8 @@ def test_failure_mid_stream_is_an_error_event(tmp_path, target_dir, monkeypatch)
         assert events[-1]["error"]["code"] == "internal_error" and len(events) == 3  # no finish chunk, no [DONE]
         with pytest.raises(openai.APIError):
             list(s.client().chat.completions.create(model="m", messages=HELLO, stream=True))
-        assert s.metric("request_success_total", finished_reason="error") == 2
+        # (the worker records the failure as it ends the request, just after the client has read the error)
+        assert s.wait_for(lambda: s.metric("request_success_total", finished_reason="error") == 2)
         assert s.client().models.list().data  # still serving
     finally:
         s.stop()

@@ -3,7 +3,9 @@
 Each request keeps its own per-layer caches. For a batched pass, one view per layer hands the
 model a batch made of those rows and writes each row's update back into that row's own cache:
 
-- `BatchView` (plain KV; `QuantizedView` for QuantizedKVCache, whose packed parts pad alike):
+- `SlabView` (RowKVCache, our plain KV): the rows stay in one slab while the same requests batch,
+  and a round writes each row's new keys/values at its own offset in place (engine/slab.py);
+- `BatchView` (plain KV otherwise; `QuantizedView` for QuantizedKVCache, whose packed parts pad alike):
   per-row offsets (for RoPE); each row's new keys/values go into its own cache and come back
   right-padded to a common length, with a mask that hides the padding and keeps the block causal;
 - `WindowView` (SpecRotatingKVCache): the same, with each row's window in the mask (rows keep
@@ -26,6 +28,7 @@ from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache
 from .recurrent import RecurrentCache
 from .rollback import leaves
 from .rotating import SpecRotatingKVCache
+from .slab import RowKVCache, Slab, lendable
 
 
 class BatchView:
@@ -63,6 +66,19 @@ def _stack(rows: list):
     width = max(a.shape[2] for a in rows)
     return mx.concatenate([mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)]) if a.shape[2] < width
                            else a for a in rows])
+
+
+class SlabView(BatchView):
+    """RowKVCache rows: one slab holds them while the same requests batch, written in place (engine/slab.py)."""
+
+    def __init__(self, caches: list[RowKVCache]):
+        super().__init__(caches)
+        self.slab = Slab.of(caches)
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        # (each row's own offset, as a row cache would write: right after whatever it holds now)
+        self.keys, self.values = self.slab.write([c.offset for c in self.caches], keys, values)
+        return self.keys, self.values
 
 
 class QuantizedView(BatchView):
@@ -125,10 +141,12 @@ def _view(layer: list):
         return WindowView(layer)
     if isinstance(first, QuantizedKVCache):
         return QuantizedView(layer)
+    if lendable(layer):
+        return SlabView(layer)
     return BatchView(layer)
 
 
-BATCHABLE = (KVCache, QuantizedKVCache, SpecRotatingKVCache, RecurrentCache)
+BATCHABLE = (KVCache, RowKVCache, QuantizedKVCache, SpecRotatingKVCache, RecurrentCache)
 
 
 def _kind(c):

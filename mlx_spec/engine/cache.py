@@ -13,6 +13,7 @@ from .recurrent import recurrent_mixers, replay_mixers
 from .rollback import UNBOUNDED, drop_kept, leaves, make_cache, max_trim, pending, replayed, restore, rewindable, \
     snapshot, spec_caches, trim
 from .rotating import SpecRotatingKVCache
+from .slab import release
 
 __all__ = ["PromptCache", "make_cache", "trim", "max_trim", "spec_caches", "eval_state", "SpecRotatingKVCache"]
 
@@ -123,6 +124,11 @@ class PromptCache:
             self._drafter.observe(self._state, hidden, [t for _, ts in self._pending for t in ts])
             self._pending, self._pending_rows = [], 0
         return self._state
+
+    def leave_batch(self) -> None:
+        """This request's rounds are over: its rows leave the slab they shared with others (engine/slab.py),
+        so that an idle cache never keeps a batch's arrays alive."""
+        release(leaves(self.cache))
 
     def max_trim(self) -> int:
         """Tokens the target's cache can give back exactly (a sliding window keeps only a few spare rows)."""

@@ -16,6 +16,7 @@ from mlx_lm.models.cache import ArraysCache, CacheList, ConcatenateKVCache, KVCa
 from ..errors import MlxSpecError
 from .recurrent import RecurrentCache
 from .rotating import SpecRotatingKVCache
+from .slab import RowKVCache
 
 # Architectures whose recurrent layers were checked to write their state as whole new arrays and to call
 # `cache.advance(S)` (what RecurrentCache relies on), with greedy-identity tests (tests/test_hybrid.py).
@@ -43,19 +44,19 @@ UNBATCHED = {
 }
 
 UNBOUNDED = 1 << 60  # a plain KV cache can go back to any earlier token
-PLAIN_KV = (KVCache, QuantizedKVCache, ConcatenateKVCache)
+PLAIN_KV = (KVCache, RowKVCache, QuantizedKVCache, ConcatenateKVCache)
 
 
 def spec_caches(caches: list, slack: int = 0, kv_bits: int | None = None, kv_group_size: int = 64) -> list:
-    """mlx-lm's caches, with sliding windows and recurrent states swapped for ones that roll back exactly;
-    with kv_bits, full-attention KV caches quantized from the first token (mlx-lm's QuantizedKVCache)."""
+    """mlx-lm's caches, with sliding windows and recurrent states swapped for ones that roll back exactly
+    and plain KV caches for ones that batch without copies; with kv_bits, full-attention KV caches quantized from the first token (mlx-lm's QuantizedKVCache)."""
     def swap(c):
         if type(c) is RotatingKVCache and c.keep == 0:
             return SpecRotatingKVCache.like(c, slack)
         if type(c) is ArraysCache:
             return RecurrentCache.like(c)
-        if type(c) is KVCache and kv_bits:
-            return QuantizedKVCache(group_size=kv_group_size, bits=kv_bits)
+        if type(c) is KVCache:  # (RowKVCache: batched rounds keep its rows in a slab, engine/slab.py)
+            return QuantizedKVCache(group_size=kv_group_size, bits=kv_bits) if kv_bits else RowKVCache()
         if isinstance(c, CacheList):
             return CacheList(*(swap(x) for x in c.caches))
         return c

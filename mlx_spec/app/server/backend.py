@@ -72,6 +72,7 @@ class Backend:
     def stop(self, seq: Sequence, reusable: bool) -> None:
         """Return the cache; a cache left mid-round by an error is dropped."""
         if seq.cache is not None and reusable:
+            seq.cache.leave_batch()
             self.pool.release(seq.cache, seq.job.partition)
         seq.gen = seq.cache = None
 

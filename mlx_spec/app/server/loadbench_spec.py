@@ -6,7 +6,8 @@
 
 Each client count runs both servers in turn (spec, plain, spec, plain, ...), so that drifting machine
 load hits both alike; every client sends its requests one after another. Reported per prompt kind
-(chat-formatted code requests; raw code continuations through /v1/completions): aggregate completion
+(chat-formatted code requests; raw code continuations through /v1/completions; `long`: ~800-token
+source excerpts with a request): aggregate completion
 tokens per second of each server, and the median of the paired ratios. `--json` for machines.
 """
 
@@ -35,6 +36,24 @@ def raw_prompts() -> list[str]:
     from mlx_spec.bench import raw_prompts as prompts
 
     return [p["raw"] for p in prompts()]
+
+
+def long_prompts(chars: int = 2500) -> list[str]:
+    """A source file's first `chars` characters (~800 tokens) and a request about it: an editor's or an agent's
+    context, where every row of a batch carries a long cache."""
+    import inspect
+    import json.decoder
+    import json.encoder
+    import statistics
+    import string
+    import textwrap
+    import threading
+
+    asks = ["Rewrite this code with docstrings.", "Explain what this code does.", "Write tests for this code.",
+            "Find a bug in this code."]
+    mods = (textwrap, json.encoder, statistics, threading, json.decoder, string, textwrap, json.encoder)
+    return [f"```python\n{inspect.getsource(m)[i * 300 : i * 300 + chars]}\n```\n\n{asks[i % len(asks)]}"
+            for i, m in enumerate(mods)]
 
 
 def request(url: str, kind: str, prompt: str, args) -> int:
@@ -86,7 +105,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--spec", default="http://127.0.0.1:8080", help="the speculative server")
     p.add_argument("--plain", default="http://127.0.0.1:8081", help="the --no-draft server")
-    p.add_argument("--kinds", default="code,raw")
+    p.add_argument("--kinds", default="code,raw", help="code, raw, long")
     p.add_argument("--clients", default="1,4,8")
     p.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after another")
     p.add_argument("--max-tokens", type=int, default=64)
@@ -97,7 +116,7 @@ def main(argv=None) -> int:
     p.add_argument("--plain-pid", type=int, default=None, help="the --no-draft server's pid")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    sets = {"code": CODE, "raw": raw_prompts()}
+    sets = {"code": CODE, "raw": raw_prompts(), "long": long_prompts()}
     rows = []
     for kind in args.kinds.split(","):
         for url in (args.spec, args.plain):  # warm-up: first requests, calibration, caches

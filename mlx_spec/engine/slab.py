@@ -1,0 +1,132 @@
+"""Plain KV rows that batch without copying.
+
+Stacking every request's keys and values into a batch each round copied the whole cache of every
+row in every layer, in ~60 small ops a layer: at 8 requests of ~450 tokens it was two thirds of a
+one-token round on the CPU. So while the same requests verify together round after round, their rows live in one
+[B, H, capacity, D] `Slab` per layer, and a round writes its new rows with one scatter a layer.
+
+A `RowKVCache` is mlx-lm's KVCache whose arrays may be lent to a slab: reading or writing them
+(a pass of its request alone, a snapshot, saving) first takes them back, so code that sees one
+request sees a plain KVCache. Its `offset` stays its own: trimming a lent row is free.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache
+
+
+class _Lent:
+    """An array of a row whose arrays a slab may hold: reading or writing it takes them back first."""
+
+    def __set_name__(self, owner, name):
+        self.name = "_" + name
+
+    def __get__(self, row, owner=None):
+        if row is None:
+            return self
+        if row.slab is not None:
+            row.reclaim()
+        return getattr(row, self.name)
+
+    def __set__(self, row, value):
+        if row.slab is not None:
+            row.reclaim()
+        setattr(row, self.name, value)
+
+
+class RowKVCache(KVCache):
+    keys, values = _Lent(), _Lent()
+    _keys = _values = None
+    slab: "Slab | None" = None  # where this row's arrays are while lent
+    row = 0
+
+    def reclaim(self) -> None:
+        """Take this row's arrays back from its slab (copied out: a view would keep the slab alive)."""
+        slab, self.slab = self.slab, None
+        self._keys, self._values = slab.take(self.row, self.offset)
+
+
+def _copy(a: mx.array) -> mx.array:
+    return mx.contiguous(a) if a.shape[2] else a
+
+
+class Slab:
+    """The rows of one layer for a fixed list of requests, in one array each for keys and values."""
+
+    step = KVCache.step
+
+    def __init__(self, rows: list[RowKVCache]):
+        parts = [row_arrays(c) for c in rows]  # (read before lending: a row's old slab may be another's)
+        cap = self._round(max(c.offset for c in rows) + 1)
+        self.keys = mx.concatenate([_pad(k, cap) for k, _ in parts])
+        self.values = mx.concatenate([_pad(v, cap) for _, v in parts])
+        self.rows: list[RowKVCache | None] = list(rows)
+        old = {id(c.slab): c.slab for c in rows if c.slab is not None}
+        for b, c in enumerate(rows):
+            if c.slab is not None:
+                c.slab.rows[c.row] = None
+            c.slab, c.row, c._keys, c._values = self, b, None, None
+        for slab in old.values():  # their batch has ended: rows not in this one take their arrays back
+            slab.release()
+
+    @classmethod
+    def of(cls, rows: list[RowKVCache]) -> "Slab":
+        """The slab holding exactly these rows in this order, else a new one (rows leave their old slabs)."""
+        slab = rows[0].slab
+        if slab is not None and len(slab.rows) == len(rows) and all(a is b for a, b in zip(slab.rows, rows)):
+            return slab
+        return cls(rows)
+
+    def _round(self, n: int) -> int:
+        return -(-n // self.step) * self.step
+
+    def take(self, b: int, n: int) -> tuple[mx.array, mx.array]:
+        self.rows[b] = None  # this slab no longer speaks for the row
+        return _copy(self.keys[b : b + 1, :, :n]), _copy(self.values[b : b + 1, :, :n])
+
+    def write(self, starts: list[int], keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        """Row b's new keys/values [B, H, n, D] at its own offset starts[b]; returns every row up to the
+        longest (the mask hides the rest)."""
+        n, end = keys.shape[2], max(starts) + keys.shape[2]
+        if end > self.keys.shape[2]:
+            grow = self._round(end) - self.keys.shape[2]
+            self.keys = _pad(self.keys, self.keys.shape[2] + grow)
+            self.values = _pad(self.values, self.values.shape[2] + grow)
+        at = (mx.array(starts)[:, None] + mx.arange(n)[None])[:, None, :, None]
+        self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(at, keys.shape), keys, axis=2)
+        self.values = mx.put_along_axis(self.values, mx.broadcast_to(at, values.shape), values, axis=2)
+        for c in self.rows:
+            c.offset += n
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def release(self) -> None:
+        """Hand every row still here its arrays back (the batch is over)."""
+        for c in self.rows:
+            if c is not None and c.slab is self:
+                c.reclaim()
+
+
+def row_arrays(c: RowKVCache) -> tuple[mx.array, mx.array]:
+    """A row's first `offset` keys and values, wherever they are."""
+    k, v = (c.slab.keys[c.row : c.row + 1], c.slab.values[c.row : c.row + 1]) if c.slab is not None else (c._keys, c._values)
+    return k[:, :, : c.offset], v[:, :, : c.offset]
+
+
+def _pad(a: mx.array, width: int) -> mx.array:
+    return a if a.shape[2] == width else mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)])
+
+
+def lendable(rows: list) -> bool:
+    """Rows one slab can hold: RowKVCaches that hold rows already (so their shapes are known), all alike."""
+    if not all(type(c) is RowKVCache and c.offset > 0 for c in rows):
+        return False
+    arrays = [(c.slab.keys, c.slab.values) if c.slab is not None else (c._keys, c._values) for c in rows]
+    return len({tuple((a.shape[1], a.shape[3], a.dtype) for a in kv) for kv in arrays}) == 1
+
+
+def release(caches: list) -> None:
+    """A request leaves its batch: its rows take their arrays back from the slab."""
+    for c in caches:
+        if type(c) is RowKVCache and c.slab is not None:
+            c.reclaim()
