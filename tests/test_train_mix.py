@@ -165,6 +165,13 @@ def test_a_subset_takes_the_first_of_each_kind_shuffled(tmp_path):
     assert sorted(r["text"] for r in got) == sorted(want)
     assert got == mix.subset(rows, {"code": 2, "chat": 1, "raw-code": 3, "long": 0}, seed=0)
     assert [r["text"] for r in got] != want  # shuffled, not in kind order
+    # --by-length: the same subset, shortest (encoded) first, ties in the shuffled order
+    rows = [{"kind": "raw-code", "text": "x " * (9 - i)} for i in range(4)] + [{"kind": "code", "text": "y"}]
+    mix.write(src, rows)
+    subprocess.run(cli[:6] + ["--code", "1", "--raw", "4", "--chat", "0", "--long", "0", "--by-length"],
+                   check=True, capture_output=True)
+    got = [json.loads(line)["text"] for line in out.read_text().splitlines()]
+    assert got == ["y"] + ["x " * n for n in (6, 7, 8, 9)]
 
 
 def test_eval_drafter_measures_raw_prompts():

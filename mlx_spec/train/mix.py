@@ -110,11 +110,20 @@ if __name__ == "__main__":
     parser.add_argument("--model", default=None, help="target whose tokenizer bounds the long prompts")
     parser.add_argument("--from", dest="source", type=Path, default=None,
                         help="take the first --code/--chat/--raw/--long prompts of each kind from this mix, shuffled")
+    parser.add_argument("--by-length", action="store_true",
+                        help="with --from: order by encoded length (the target answers them in batches of alike lengths)")
     args = parser.parse_args()
     cfg = corpus.CorpusConfig(docs=args.docs)
     if args.source is not None:
         rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
-        write(args.out, subset(rows, {"code": args.code, "chat": args.chat, "raw-code": args.raw, "long": args.long}))
+        rows = subset(rows, {"code": args.code, "chat": args.chat, "raw-code": args.raw, "long": args.long})
+        if args.by_length:
+            from ..loading import load
+            from .data import encode
+
+            _, tok = load(args.model, drafter=None)
+            rows.sort(key=lambda p: len(encode(tok, p)))
+        write(args.out, rows)
     elif args.eval:
         from ..loading import load
 
