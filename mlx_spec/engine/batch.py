@@ -28,7 +28,7 @@ from mlx_lm.models.cache import CacheList, KVCache, QuantizedKVCache
 from .recurrent import RecurrentCache
 from .rollback import leaves
 from .rotating import SpecRotatingKVCache
-from .slab import RowKVCache, Slab, lendable
+from .slab import RowKVCache, Slab, lendable, pad_rows
 
 
 class BatchView:
@@ -64,8 +64,7 @@ def _stack(rows: list):
     if isinstance(rows[0], tuple):
         return tuple(_stack(list(part)) for part in zip(*rows))
     width = max(a.shape[2] for a in rows)
-    return mx.concatenate([mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)]) if a.shape[2] < width
-                           else a for a in rows])
+    return mx.concatenate([pad_rows(a, width) for a in rows])
 
 
 class SlabView(BatchView):

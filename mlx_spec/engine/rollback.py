@@ -49,7 +49,8 @@ PLAIN_KV = (KVCache, RowKVCache, QuantizedKVCache, ConcatenateKVCache)
 
 def spec_caches(caches: list, slack: int = 0, kv_bits: int | None = None, kv_group_size: int = 64) -> list:
     """mlx-lm's caches, with sliding windows and recurrent states swapped for ones that roll back exactly
-    and plain KV caches for ones that batch without copies; with kv_bits, full-attention KV caches quantized from the first token (mlx-lm's QuantizedKVCache)."""
+    and plain KV caches for ones that batch without copies (RowKVCache); with kv_bits, full-attention KV
+    caches quantized from the first token (mlx-lm's QuantizedKVCache)."""
     def swap(c):
         if type(c) is RotatingKVCache and c.keep == 0:
             return SpecRotatingKVCache.like(c, slack)

@@ -2,8 +2,8 @@
 
 Stacking every request's keys and values into a batch each round copied the whole cache of every
 row in every layer, in ~60 small ops a layer: at 8 requests of ~450 tokens it was two thirds of a
-one-token round on the CPU. So while the same requests verify together round after round, their rows live in one
-[B, H, capacity, D] `Slab` per layer, and a round writes its new rows with one scatter a layer.
+one-token round on the CPU. So while the same requests verify together round after round, their rows
+live in one [B, H, capacity, D] `Slab` per layer, and a round writes its new rows with one scatter a layer.
 
 A `RowKVCache` is mlx-lm's KVCache whose arrays may be lent to a slab: reading or writing them
 (a pass of its request alone, a snapshot, saving) first takes them back, so code that sees one
@@ -59,8 +59,8 @@ class Slab:
     def __init__(self, rows: list[RowKVCache]):
         parts = [row_arrays(c) for c in rows]  # (read before lending: a row's old slab may be another's)
         cap = self._round(max(c.offset for c in rows) + 1)
-        self.keys = mx.concatenate([_pad(k, cap) for k, _ in parts])
-        self.values = mx.concatenate([_pad(v, cap) for _, v in parts])
+        self.keys = mx.concatenate([pad_rows(k, cap) for k, _ in parts])
+        self.values = mx.concatenate([pad_rows(v, cap) for _, v in parts])
         self.rows: list[RowKVCache | None] = list(rows)
         old = {id(c.slab): c.slab for c in rows if c.slab is not None}
         for b, c in enumerate(rows):
@@ -91,8 +91,8 @@ class Slab:
         n, end = keys.shape[2], max(starts) + keys.shape[2]
         if end > self.keys.shape[2]:
             grow = self._round(end) - self.keys.shape[2]
-            self.keys = _pad(self.keys, self.keys.shape[2] + grow)
-            self.values = _pad(self.values, self.values.shape[2] + grow)
+            self.keys = pad_rows(self.keys, self.keys.shape[2] + grow)
+            self.values = pad_rows(self.values, self.values.shape[2] + grow)
         at = (mx.array(starts)[:, None] + mx.arange(n)[None])[:, None, :, None]
         self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(at, keys.shape), keys, axis=2)
         self.values = mx.put_along_axis(self.values, mx.broadcast_to(at, values.shape), values, axis=2)
@@ -107,13 +107,19 @@ class Slab:
                 c.reclaim()
 
 
+def _arrays(c: RowKVCache) -> tuple[mx.array, mx.array]:
+    """Where a row's keys and values are: its slab's (all rows) or its own."""
+    return (c.slab.keys, c.slab.values) if c.slab is not None else (c._keys, c._values)
+
+
 def row_arrays(c: RowKVCache) -> tuple[mx.array, mx.array]:
     """A row's first `offset` keys and values, wherever they are."""
-    k, v = (c.slab.keys[c.row : c.row + 1], c.slab.values[c.row : c.row + 1]) if c.slab is not None else (c._keys, c._values)
-    return k[:, :, : c.offset], v[:, :, : c.offset]
+    b = c.row if c.slab is not None else 0
+    return tuple(a[b : b + 1, :, : c.offset] for a in _arrays(c))
 
 
-def _pad(a: mx.array, width: int) -> mx.array:
+def pad_rows(a: mx.array, width: int) -> mx.array:
+    """[B, H, L, D] right-padded with zeros to `width` rows along L."""
     return a if a.shape[2] == width else mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)])
 
 
@@ -121,8 +127,7 @@ def lendable(rows: list) -> bool:
     """Rows one slab can hold: RowKVCaches that hold rows already (so their shapes are known), all alike."""
     if not all(type(c) is RowKVCache and c.offset > 0 for c in rows):
         return False
-    arrays = [(c.slab.keys, c.slab.values) if c.slab is not None else (c._keys, c._values) for c in rows]
-    return len({tuple((a.shape[1], a.shape[3], a.dtype) for a in kv) for kv in arrays}) == 1
+    return len({tuple((a.shape[1], a.shape[3], a.dtype) for a in _arrays(c)) for c in rows}) == 1
 
 
 def release(caches: list) -> None:

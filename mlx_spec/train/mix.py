@@ -90,6 +90,19 @@ def within(prompts: list[dict], tokenizer, lo: int, hi: int) -> list[dict]:
     return [p for p in prompts if lo <= len(encode(tokenizer, p)) <= hi]
 
 
+def by_length(prompts: list[dict], tokenizer) -> list[dict]:
+    """Shortest encoded first (ties keep their order): the target answers them in batches of alike lengths."""
+    from .data import encode
+
+    return sorted(prompts, key=lambda p: len(encode(tokenizer, p)))
+
+
+def _tokenizer(model: str | None):
+    from ..loading import load
+
+    return load(model, drafter=None)[1]
+
+
 def write(path: Path, prompts: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
@@ -111,23 +124,15 @@ if __name__ == "__main__":
     parser.add_argument("--from", dest="source", type=Path, default=None,
                         help="take the first --code/--chat/--raw/--long prompts of each kind from this mix, shuffled")
     parser.add_argument("--by-length", action="store_true",
-                        help="with --from: order by encoded length (the target answers them in batches of alike lengths)")
+                        help="with --from: order by encoded length (answered in batches of alike lengths)")
     args = parser.parse_args()
     cfg = corpus.CorpusConfig(docs=args.docs)
     if args.source is not None:
         rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
         rows = subset(rows, {"code": args.code, "chat": args.chat, "raw-code": args.raw, "long": args.long})
-        if args.by_length:
-            from ..loading import load
-            from .data import encode
-
-            _, tok = load(args.model, drafter=None)
-            rows.sort(key=lambda p: len(encode(tok, p)))
-        write(args.out, rows)
+        write(args.out, by_length(rows, _tokenizer(args.model)) if args.by_length else rows)
     elif args.eval:
-        from ..loading import load
-
-        _, tok = load(args.model, drafter=None)
+        tok = _tokenizer(args.model)
         write(args.out / "raw-code.jsonl", raw_code_prompts(cfg, 40, held=True))
         bounded = within(long_prompts(cfg, 200, held=True), tok, 1000, 2000)
         code, talk = [p for p in bounded if len(p["messages"]) == 1], [p for p in bounded if len(p["messages"]) > 1]
