@@ -156,8 +156,7 @@ class AdaptiveLength:
         that starts from its predecessors' estimates (perhaps another kind of text) tests them soon, and
         again as often, until `fresh_probes` drafting rounds of its own back or refute them."""
         self.plain_rounds += 1
-        fresh = self.inherited and self.judged < self.cfg.fresh_probes
-        if fresh and self.plain_rounds >= self.cfg.first_probe and self.max_k and self.can_pay:
+        if self.fresh and self.plain_rounds >= self.cfg.first_probe and self.max_k and self.can_pay:
             self.plain_rounds = 0
             return True
         return False
@@ -165,10 +164,15 @@ class AdaptiveLength:
     def join_probe(self) -> bool:
         """The batched pass is wider than one token anyway (another request drafts or probes): a request
         still testing its predecessors' estimates drafts with it, for a drafter row, not a wider pass."""
-        if self.inherited and self.judged < self.cfg.fresh_probes and self.max_k and self.can_pay:
+        if self.fresh and self.max_k and self.can_pay:
             self.plain_rounds = 0
             return True
         return False
+
+    @property
+    def fresh(self) -> bool:
+        """Still testing its predecessors' estimates (it has had fewer than `fresh_probes` drafting rounds)."""
+        return self.inherited and self.judged < self.cfg.fresh_probes
 
     def update(self, drafted: int, accepted: int, source: str | None = None) -> None:
         self._time_round(drafted)
@@ -240,7 +244,9 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     whose estimates are its predecessors' probes soon (`AdaptiveLength.probe_in_batch`: one token in
     the pass), and in any pass that is wider than one token anyway (`join_probe`: one widened pass
     for the batch's new requests, not one each); and after `probe_every` batched rounds in a row
-    where nobody drafted, every request drafts one token once. Sets and returns each state's `k`.
+    where nobody drafted, every request drafts one token once. No probe runs where it could not change
+    the plan: where the requests it tests would not draft even at `hopeful` acceptance (`could_pay`).
+    Sets and returns each state's `k`.
     """
     adaptive = [s for s in states if isinstance(s.lengths, AdaptiveLength)]
     if not adaptive:
@@ -261,7 +267,7 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
         """The batched pass, plus what the rows' contexts add to a round that wide (`round_time`)."""
         return curve.batch_time(b, width) + curve.per_row(width - 1) * extra
 
-    def option(width):
+    def option(width, gains=gains):
         """(expected tokens per second, k per adaptive request) for a pass `width` wide."""
         cost, tokens = pass_time(width) * scale[width > 1], fixed_tokens + len(adaptive)
         reach = [min(width - 1, caps[id(s)]) for s in adaptive]  # the drafts each request could make
@@ -280,21 +286,35 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
             return 0.0, ks  # nobody drafts: a wider pass would be padding only
         return best_rate / (1 + margin if width > 1 and width > floor else 1), ks
 
-    rate, ks, width = max((option(w) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))
-    probes = [s for s in adaptive if not ks[id(s)] and caps[id(s)] and s.lengths.probe_in_batch()]
+    def best(gains=gains):
+        return max((option(w, gains) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))
+
+    def could_pay(hopeful: list) -> bool:
+        """Whether any of these requests would draft were its drafts accepted at `hopeful` odds at every
+        position: else testing their estimates cannot change the plan, and a probe (a wider pass, the
+        drafter catching up with their contexts) would only cost. At 8 rows of a steep curve one request
+        alone can never pay; several fresh ones together may."""
+        trial = {**gains, **{id(s): [s.lengths.cfg.hopeful] * s.lengths.max_k for s in hopeful}}
+        return any(best(trial)[1][id(s)] for s in hopeful)
+
+    rate, ks, width = best()
+    fresh = [s for s in adaptive if s.lengths.fresh and caps[id(s)]]
+    hopeful = bool(fresh) and could_pay(fresh)
+    probes = [s for s in adaptive if not ks[id(s)] and caps[id(s)] and s.lengths.probe_in_batch() and hopeful]
     for s in probes:  # a new request testing its predecessors' estimates: as far as the pass is wide anyway
         ks[id(s)] = min(max(1, width - 1), caps[id(s)])
     width = max(width, 2 if probes else 1)
     if width > 1:  # the pass is wide anyway: fresh requests probe with it rather than each widening one
         reach = width - 1 if curve.draft_batch else 1  # (a drafter that drafts requests one by one: its cheapest)
         for s in adaptive:
-            if not ks[id(s)] and caps[id(s)] and s.lengths.join_probe():
+            if hopeful and not ks[id(s)] and caps[id(s)] and s.lengths.join_probe():
                 ks[id(s)] = min(reach, caps[id(s)])
     if memory is not None and top > 1:
         memory.batch_off = memory.batch_off + 1 if width == 1 else 0
         if memory.batch_off >= probe_every:  # a probe: one token each, a pass two wide
-            memory.batch_off, width = 0, 2
-            ks = {id(s): min(1, caps[id(s)]) for s in adaptive}
+            memory.batch_off = 0
+            if could_pay(adaptive):
+                width, ks = 2, {id(s): min(1, caps[id(s)]) for s in adaptive}
     drafting = fixed_drafting + sum(1 for k in ks.values() if k)
     predicted = pass_time(width) + curve.draft_time(drafting, width - 1)
     _time_batch(memory, b, width > 1, predicted, follow)

@@ -70,10 +70,13 @@ def test_batch_costs_follow_measured_rounds():
 
 def test_a_plain_batch_probes_now_and_then():
     memory = ControllerMemory()
-    steep = curve(0.5)
-    states = [row(steep, 0.6, memory) for _ in range(4)]
+    dear = curve(0.1)  # drafting at 0.6 acceptance does not pay; at the hopeful 0.9 it would
+    states = [row(dear, 0.6, memory) for _ in range(4)]
     plans = [plan_batch(states, probe_every=10) for _ in range(30)]
     assert sum(p == [1] * 4 for p in plans) == 3 and sum(p == [0] * 4 for p in plans) == 27
+    steep = curve(0.5)  # where not even 0.9 would pay, a probe could not change the plan: none runs
+    states = [row(steep, 0.6, memory) for _ in range(4)]
+    assert all(plan_batch(states, probe_every=10) == [0] * 4 for _ in range(30))
 
 
 def test_batch_time_interpolates_and_extrapolates():
@@ -189,19 +192,35 @@ def test_new_requests_arriving_apart_probe_in_one_widened_pass():
     """Four requests join a plain batch (where a widened pass is dear) one round apart, inheriting
     estimates that say drafts fail, and the drafts do fail (raw text). Each tests those estimates
     `fresh_probes` times: in shared widened passes, not in widened passes of its own."""
-    steep, memory = curve(0.5), ControllerMemory(alphas=[0.02] * 7)
-    states, widened = [row(steep, 0.0) for _ in range(4)], 0
+    fresh = ControllerConfig().fresh_probes
+    judged, widened = arrive_apart(curve(0.03))  # where the four together would pay at hopeful odds
+    assert judged == [fresh] * 4
+    assert widened == fresh  # each in passes of its own: 4x as many
+
+
+def test_a_request_that_could_not_pay_even_at_best_does_not_probe():
+    """The same arrivals where a widened pass is so dear that even drafts accepted at the controller's
+    hopeful odds would not pay for these requests (a wide batch on a CPU): testing their estimates could
+    not change the plan, so no probe widens a pass or has the drafter catch up with their contexts
+    (raw completions at 8 clients lost 5% to such probes)."""
+    judged, widened = arrive_apart(curve(0.5))
+    assert judged == [0] * 4 and widened == 0
+
+
+def arrive_apart(c: CostCurve):
+    """Four requests inherit estimates that say drafts fail and join a plain batch of four one round apart;
+    the drafts do fail. Their drafting rounds each, and the widened passes."""
+    memory = ControllerMemory(alphas=[0.02] * 7)
+    states, widened = [row(c, 0.0) for _ in range(4)], 0
     for i in range(40):
         if i < 4:
-            lengths = AdaptiveLength(steep, 7, memory=memory, clock=None)
+            lengths = AdaptiveLength(c, 7, memory=memory, clock=None)
             states.append(SimpleNamespace(lengths=lengths, k=lengths.next(), remaining=1 << 30))
         widened += any(plan_batch(states))
         for s in states:
             s.lengths.update(s.k, 0)
             s.k = s.lengths.next()
-    fresh = ControllerConfig().fresh_probes
-    assert all(s.lengths.judged == fresh for s in states[4:])
-    assert widened == fresh  # each in passes of its own: 4x as many
+    return [s.lengths.judged for s in states[4:]], widened
 
 
 def test_a_batch_at_a_long_context_drafts_less_far():

@@ -32,7 +32,7 @@ class SharedDrafter:
             raise AttributeError(key)
         return getattr(inner, key)
 
-    propose_batch = None  # proposals are collective, one request at a time (not the inner drafter's batch)
+    propose_batch = observe_batch = None  # proposals are collective, one request at a time (not the inner drafter's batch)
 
     def make_state(self):
         return self.inner.make_state() if self.inner is not None else _NoState()

@@ -41,6 +41,8 @@ class Drafter(Protocol):
 
     # Optional: `propose_batch(states, anchors, ks, samplings) -> list[Draft]`, several requests' drafts
     # in one pass (what `propose` gives each alone); batched rounds use it where a drafter has it.
+    # Optional: `observe_batch(states, hidden [B, n, taps*H], tokens)`, several requests' new rows at once,
+    # request b's first len(tokens[b]) rows of hidden[b] (the rest padding): what `observe` does for each.
     # Optional: `context_spans(state) -> list[int]`, the most context rows each of its attention layers
     # reads (0: all of them), for the cost curve's growth with the context (calibrate.CostCurve.spans).
 
@@ -51,6 +53,16 @@ def propose_all(drafter, states: list, anchors: list[int], ks: list[int], sampli
     if batched:
         return batched(states, anchors, ks, samplings)
     return [drafter.propose(*a) for a in zip(states, anchors, ks, samplings)]
+
+
+def observe_all(drafter, states: list, hidden: mx.array, tokens: list[list[int]]) -> None:
+    """Several requests' new rows: in one update where the drafter batches them, else one request at a time."""
+    batched = getattr(drafter, "observe_batch", None)
+    if batched:
+        batched(states, hidden, tokens)
+        return
+    for b, (s, t) in enumerate(zip(states, tokens)):
+        drafter.observe(s, hidden[b : b + 1, : len(t)], t)
 
 
 def load_strict(module, weights: dict, path, against: str = "its config", what: str = "weights") -> None:

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import KVCache
 from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
 from ..errors import DrafterMismatchError, LoadError
 from ..model_files import check_safetensors, read_config
 from .base import Draft, load_strict, parse_config
+from .context import DFlashState, batch_context, last_rows, write_rows
 
 
 @dataclass
@@ -161,25 +161,6 @@ class DFlashLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-class DFlashState:
-    """The drafter's context cache: fused K/V of committed rows only, so it never needs rollback
-    during decoding; `trim` serves prefix reuse across conversation turns."""
-
-    def __init__(self, n_layers: int):
-        self.caches = [KVCache() for _ in range(n_layers)]
-
-    @property
-    def offset(self) -> int:
-        return self.caches[0].offset
-
-    def trim(self, n: int) -> int:
-        return [c.trim(n) for c in self.caches][0]
-
-    def kv(self, i: int):
-        c = self.caches[i]
-        return c.keys_and_values() if c.keys is not None and c.offset > 0 else (None, None)
-
-
 class DFlashDrafter(nn.Module):
     def __init__(self, cfg: DFlashConfig):
         super().__init__()
@@ -214,6 +195,16 @@ class DFlashDrafter(nn.Module):
         ctx = self.hidden_norm(self.fc(hidden))
         for layer, cache in zip(self.layers, state.caches):
             cache.update_and_fetch(*layer.self_attn.context_kv(ctx, cache.offset))
+
+    def observe_batch(self, states: list[DFlashState], hidden: mx.array, tokens: list[list[int]]) -> None:
+        """`observe` for several requests about to draft together: their new rows [B, n, taps*H], request b's
+        first len(tokens[b]) of them (padding after), in one pass and one scatter a layer (context.py)."""
+        counts = [len(t) for t in tokens]
+        ctx = self.hidden_norm(self.fc(hidden))
+        starts = mx.array([s.offset for s in states])
+        for i, layer in enumerate(self.layers):
+            keys, values = layer.self_attn.context_kv(ctx, starts)
+            write_rows(states, i, keys, values, counts)
 
     first_slot = 1  # the anchor's row is never a draft: skipped before the LM head (vocab-wide, the costliest part)
 
@@ -269,7 +260,7 @@ class DFlashDrafter(nn.Module):
         starts = mx.array([s.offset for s in states])
         slot_mask = (mx.arange(width)[None] < mx.array(sizes)[:, None])[:, None, None]
         for i, layer in enumerate(self.layers):
-            ctx_kv, ctx_mask = padded_context([s.kv(i) for s in states], cfg.window(i))
+            ctx_kv, ctx_mask = batch_context(states, i, cfg.window(i))
             h = layer(h, ctx_kv, starts, None, cfg.causal(i), ctx_mask, slot_mask)
         return self.norm(h)
 
@@ -291,33 +282,6 @@ class DFlashDrafter(nn.Module):
                     k = new + k[len(old):]
             out[k] = v
         return out
-
-
-def last_rows(a: mx.array, n: int) -> mx.array:
-    """The last n context rows of [B, heads, S, D] (none for n = 0: a window of 1 sees only the block)."""
-    return a[:, :, max(0, a.shape[2] - n):]
-
-
-def padded_context(kvs: list, window: int | None):
-    """Requests' context keys/values [1, heads, S_i, D] ((None, None) where empty), each cut to its
-    window, right-padded to the longest and stacked, with the [n, 1, 1, S] mask of each one's own rows."""
-    if window is not None:
-        kvs = [(last_rows(k, window - 1), last_rows(v, window - 1)) if k is not None else (k, v) for k, v in kvs]
-    lengths = [0 if k is None else k.shape[2] for k, _ in kvs]
-    longest = max(lengths)
-    if not longest:
-        return (None, None), None
-    like = next(k for k, _ in kvs if k is not None)
-
-    def pad(a):
-        n = 0 if a is None else a.shape[2]
-        fill = mx.zeros(like.shape[:2] + (longest - n,) + like.shape[3:], like.dtype)
-        if a is None:
-            return fill
-        return a if n == longest else mx.concatenate([a, fill], axis=2)
-
-    keys, values = (mx.concatenate([pad(kv[j]) for kv in kvs]) for j in (0, 1))
-    return (keys, values), (mx.arange(longest)[None] < mx.array(lengths)[:, None])[:, None, None]
 
 
 def detect_kind(cfg: dict, weight_names: set[str]) -> str:

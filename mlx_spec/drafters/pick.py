@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .base import Draft, propose_all
+from .base import Draft, observe_all, propose_all
 from .lookup import LookupDrafter, LookupState
 
 RETRY = 8  # while lookup leads, the model drafts every RETRY-th round where both could
@@ -86,6 +86,11 @@ class PickState:
         self.model.trim(n)
         return self.lookup.trim(n)
 
+    def leave_batch(self) -> None:
+        leave = getattr(self.model, "leave_batch", None)
+        if leave is not None:
+            leave()
+
 
 class PickDrafter:
     """`model` (any drafter with a model behind it) or prompt lookup, whichever this conversation favours."""
@@ -107,6 +112,11 @@ class PickDrafter:
         ahead = state.lookup.offset - state.model.offset  # lookup may have them already (observe_tokens)
         self.observe_tokens(state, tokens[ahead:])
         self.inner.observe(state.model, hidden, tokens)
+
+    def observe_batch(self, states: list[PickState], hidden: mx.array, tokens: list[list[int]]) -> None:
+        for s, t in zip(states, tokens):
+            self.observe_tokens(s, t[s.lookup.offset - s.model.offset :])
+        observe_all(self.inner, [s.model for s in states], hidden, tokens)
 
     def observe_tokens(self, state: PickState, tokens: list[int]) -> None:
         """Committed tokens, as soon as they are: lookup needs no hidden states, and `next_source` reads it

@@ -119,16 +119,24 @@ class PromptCache:
     def drafter_state(self):
         """The drafter's state, caught up with every committed row."""
         if self._pending:
-            hidden = [h for h, _ in self._pending]
-            hidden = None if hidden[0] is None else mx.concatenate(hidden, axis=1)
-            self._drafter.observe(self._state, hidden, [t for _, ts in self._pending for t in ts])
-            self._pending, self._pending_rows = [], 0
+            self._drafter.observe(self._state, *self._take_pending())
         return self._state
 
+    def _take_pending(self) -> tuple[mx.array | None, list[int]]:
+        """The rows the drafter has not seen: their hidden states [1, n, taps*H] (or None) and tokens."""
+        hidden = [h for h, _ in self._pending]
+        hidden = None if hidden[0] is None else mx.concatenate(hidden, axis=1) if len(hidden) > 1 else hidden[0]
+        tokens = [t for _, ts in self._pending for t in ts]
+        self._pending, self._pending_rows = [], 0
+        return hidden, tokens
+
     def leave_batch(self) -> None:
-        """This request's rounds are over: its rows leave the slab they shared with others (engine/slab.py),
-        so that an idle cache never keeps a batch's arrays alive."""
+        """This request's rounds are over: its rows leave the slabs they shared with others (engine/slab.py),
+        the target's and the drafter's, so that an idle cache never keeps a batch's arrays alive."""
         release(leaves(self.cache))
+        leave = getattr(self._state, "leave_batch", None)
+        if leave is not None:
+            leave()
 
     def max_trim(self) -> int:
         """Tokens the target's cache can give back exactly (a sliding window keeps only a few spare rows)."""
@@ -198,6 +206,24 @@ class PromptCache:
         if n == self._mark_at:
             self._checkpoint()
         return n
+
+
+def drafter_states(pcs: list[PromptCache]) -> list:
+    """The drafter states of requests about to draft together, caught up with every committed row: in one
+    batched update where the drafter has one (`observe_batch`: one pass and one scatter for all), else
+    one request at a time."""
+    drafter = pcs[0]._drafter if pcs else None
+    behind = [p for p in pcs if p._pending]
+    if len(pcs) < 2 or not behind or getattr(drafter, "observe_batch", None) is None \
+            or any(h is None for p in behind for h, _ in p._pending):
+        return [p.drafter_state() for p in pcs]
+    hidden, tokens = zip(*(p._take_pending() if p._pending else (None, []) for p in pcs))
+    like = next(h for h in hidden if h is not None)
+    n = max(len(t) for t in tokens)
+    rows = [mx.zeros((1, n) + like.shape[2:], like.dtype) if h is None else
+            h if h.shape[1] == n else mx.pad(h, [(0, 0), (0, n - h.shape[1]), (0, 0)]) for h in hidden]
+    drafter.observe_batch([p._state for p in pcs], mx.concatenate(rows), list(tokens))
+    return [p._state for p in pcs]
 
 
 def replay(pcs: list[PromptCache], tokens: list[list[int]]) -> None:

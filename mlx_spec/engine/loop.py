@@ -17,7 +17,7 @@ import mlx.core as mx
 from ..controller import plan_batch
 from ..drafters.base import Draft, propose_all
 from .batch import batch_caches, can_batch, replay
-from .cache import PromptCache, eval_state, trim
+from .cache import PromptCache, drafter_states, eval_state, trim
 from .rollback import batchable
 from .sampling import Sampler, accept
 
@@ -125,8 +125,9 @@ def draft(drafter, states: list[DecodeState]) -> list[Draft]:
     """Each request's drafts (none where k = 0); requests drafting together share one drafter pass
     where the drafter can batch them."""
     drafting = [drafter is not None and bool(s.k) for s in states]
-    args = [(s.pc.drafter_state(), s.anchor, s.k, s.sampler.drafting(len(s.pc.tokens) + 1))
-            for s, d in zip(states, drafting) if d]
+    who = [s for s, d in zip(states, drafting) if d]
+    caught_up = drafter_states([s.pc for s in who])  # every drafting request's new rows: one batched update
+    args = [(d, s.anchor, s.k, s.sampler.drafting(len(s.pc.tokens) + 1)) for s, d in zip(who, caught_up)]
     made = iter(propose_all(drafter, *(list(col) for col in zip(*args))) if args else [])
     proposals = [next(made) if d else Draft(mx.zeros((0,), mx.int32)) for d in drafting]
     mx.async_eval([p.tokens for p in proposals])  # the drafter runs while the host builds the verify pass

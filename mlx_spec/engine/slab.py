@@ -85,9 +85,11 @@ class Slab:
         self.rows[b] = None  # this slab no longer speaks for the row
         return _copy(self.keys[b : b + 1, :, :n]), _copy(self.values[b : b + 1, :, :n])
 
-    def write(self, starts: list[int], keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
-        """Row b's new keys/values [B, H, n, D] at its own offset starts[b]; returns every row up to the
-        longest (the mask hides the rest)."""
+    def write(self, starts: list[int], keys: mx.array, values: mx.array,
+              counts: list[int] | None = None) -> tuple[mx.array, mx.array]:
+        """Row b's new keys/values [B, H, n, D] at its own offset starts[b] (its first counts[b] of them, the
+        rest padding past its offset; default all n); returns every row up to the longest (the mask hides
+        the rest)."""
         n, end = keys.shape[2], max(starts) + keys.shape[2]
         if end > self.keys.shape[2]:
             grow = self._round(end) - self.keys.shape[2]
@@ -96,9 +98,22 @@ class Slab:
         at = (mx.array(starts)[:, None] + mx.arange(n)[None])[:, None, :, None]
         self.keys = mx.put_along_axis(self.keys, mx.broadcast_to(at, keys.shape), keys, axis=2)
         self.values = mx.put_along_axis(self.values, mx.broadcast_to(at, values.shape), values, axis=2)
-        for c in self.rows:
-            c.offset += n
+        for b, c in enumerate(self.rows):
+            if c is not None:
+                c.offset += n if counts is None else counts[b]
         return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def update(self, rows: list[RowKVCache], keys: mx.array, values: mx.array, counts: list[int]) -> None:
+        """New keys/values [len(rows), H, n, D] for some of this slab's rows, each its first counts[r] of them;
+        the slab's other rows get padding past their offsets, which they never read."""
+        if len(rows) == len(self.rows) and all(a is b for a, b in zip(rows, self.rows)):
+            self.write([c.offset for c in rows], keys, values, counts)
+            return
+        at = {id(c): r for r, c in enumerate(rows)}
+        pick = mx.array([at.get(id(c), len(rows)) for c in self.rows])  # (len(rows): a row of zeros)
+        keys, values = (mx.concatenate([a, mx.zeros((1,) + a.shape[1:], a.dtype)])[pick] for a in (keys, values))
+        self.write([c.offset if c is not None else 0 for c in self.rows], keys, values,
+                   [counts[at[id(c)]] if id(c) in at else 0 for c in self.rows])
 
     def release(self) -> None:
         """Hand every row still here its arrays back (the batch is over)."""
