@@ -298,16 +298,17 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
         return any(best(trial)[1][id(s)] for s in hopeful)
 
     rate, ks, width = best()
-    fresh = [s for s in adaptive if s.lengths.fresh and caps[id(s)]]
-    hopeful = bool(fresh) and could_pay(fresh)
-    probes = [s for s in adaptive if not ks[id(s)] and caps[id(s)] and s.lengths.probe_in_batch() and hopeful]
+    fresh = [s for s in adaptive if s.lengths.fresh and caps[id(s)]]  # what a probe would test
+    probes = [s for s in adaptive if not ks[id(s)] and caps[id(s)] and s.lengths.probe_in_batch()]
+    probes = probes if probes and could_pay(fresh) else []
     for s in probes:  # a new request testing its predecessors' estimates: as far as the pass is wide anyway
         ks[id(s)] = min(max(1, width - 1), caps[id(s)])
     width = max(width, 2 if probes else 1)
-    if width > 1:  # the pass is wide anyway: fresh requests probe with it rather than each widening one
+    joining = [s for s in fresh if not ks[id(s)]] if width > 1 else []
+    if joining and (probes or could_pay(fresh)):  # the pass is wide anyway: they probe with it, not each alone
         reach = width - 1 if curve.draft_batch else 1  # (a drafter that drafts requests one by one: its cheapest)
-        for s in adaptive:
-            if hopeful and not ks[id(s)] and caps[id(s)] and s.lengths.join_probe():
+        for s in joining:
+            if s.lengths.join_probe():
                 ks[id(s)] = min(reach, caps[id(s)])
     if memory is not None and top > 1:
         memory.batch_off = memory.batch_off + 1 if width == 1 else 0

@@ -104,3 +104,41 @@ def test_batched_catch_up_drafts_what_each_request_drafts_alone(target_dir, draf
         for i in range(len(d.layers)):
             for x, y in zip(b.kv(i), s.kv(i)):
                 np.testing.assert_allclose(np.array(x), np.array(y), atol=1e-5)
+
+
+def test_requests_catch_up_together_when_their_new_rows_are_alike(target_dir, drafter_dir, monkeypatch):
+    """`drafter_states`: rounds' few new rows go in as one batched update; prompts of very different lengths
+    (mostly padding together) go in one by one; either way each state is what catching up alone gives."""
+    from mlx_spec.engine.cache import PAD_ROWS, drafter_states
+
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    calls = []
+    real = type(model.drafter).observe_batch
+    monkeypatch.setattr(type(model.drafter), "observe_batch", lambda self, *a: calls.append(a[2]) or real(self, *a))
+
+    def caches(lengths):
+        pcs = [mlx_spec.make_prompt_cache(model) for _ in lengths]
+        for pc, n, p in zip(pcs, lengths, PROMPTS * 2):
+            ids = (tok.encode(p) * 40)[:n]
+            _, hidden = model.target(mx.array([ids]), pc.cache)
+            pc.add(ids, hidden)
+        return pcs
+
+    prompts = [3, 2 * PAD_ROWS + 40, 5]  # one long prompt beside short ones: one by one
+    pcs, solo = caches(prompts), caches(prompts)
+    drafter_states(pcs)
+    assert not calls
+    for step in range(3):  # then rounds of a few rows each: together
+        for pc, s, n in zip(pcs, solo, (1, 3, 2)):
+            ids = tok.encode("x = 1\n")[:n]
+            for c in (pc, s):
+                _, hidden = model.target(mx.array([ids]), c.cache)
+                c.add(ids, hidden)
+        drafter_states(pcs)
+    assert len(calls) == 3
+    for pc, s in zip(pcs, solo):
+        a, b = pc.drafter_state(), s.drafter_state()
+        assert a.offset == b.offset
+        for i in range(len(a.model.caches)):
+            for x, y in zip(a.model.kv(i), b.model.kv(i)):
+                np.testing.assert_allclose(np.array(x), np.array(y), atol=1e-5)
