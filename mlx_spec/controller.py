@@ -267,7 +267,7 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
         """The batched pass, plus what the rows' contexts add to a round that wide (`round_time`)."""
         return curve.batch_time(b, width) + curve.per_row(width - 1) * extra
 
-    def option(width, gains=gains):
+    def option(width, gains=gains, scale=scale):
         """(expected tokens per second, k per adaptive request) for a pass `width` wide."""
         cost, tokens = pass_time(width) * scale[width > 1], fixed_tokens + len(adaptive)
         reach = [min(width - 1, caps[id(s)]) for s in adaptive]  # the drafts each request could make
@@ -286,16 +286,18 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
             return 0.0, ks  # nobody drafts: a wider pass would be padding only
         return best_rate / (1 + margin if width > 1 and width > floor else 1), ks
 
-    def best(gains=gains):
-        return max((option(w, gains) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))
+    def best(gains=gains, scale=scale):
+        return max((option(w, gains, scale) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))
 
     def could_pay(hopeful: list) -> bool:
         """Whether any of these requests would draft were its drafts accepted at `hopeful` odds at every
         position: else testing their estimates cannot change the plan, and a probe (a wider pass, the
         drafter catching up with their contexts) would only cost. At 8 rows of a steep curve one request
-        alone can never pay; several fresh ones together may."""
+        alone can never pay; several fresh ones together may. Judged by the calibrated costs, as
+        `AdaptiveLength.can_pay` is: the measured scale of drafting passes is updated only by drafting
+        passes, so judging by it could shut out the very rounds that would correct it."""
         trial = {**gains, **{id(s): [s.lengths.cfg.hopeful] * s.lengths.max_k for s in hopeful}}
-        return any(best(trial)[1][id(s)] for s in hopeful)
+        return any(best(trial, [1.0, 1.0])[1][id(s)] for s in hopeful)
 
     rate, ks, width = best()
     fresh = [s for s in adaptive if s.lengths.fresh and caps[id(s)]]  # what a probe would test

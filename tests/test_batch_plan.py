@@ -188,6 +188,21 @@ def test_new_requests_in_a_batch_test_their_predecessors_estimates_soon():
     assert all(k >= 4 for k in plans[-1])  # and, finding the drafts good, they draft long
 
 
+def test_a_stale_cost_scale_does_not_shut_probes_out():
+    """The measured scale of drafting passes went up (another kind of traffic before) and only drafting
+    passes update it: new requests still probe, judged by the calibrated costs, so it can come down."""
+    memory = ControllerMemory(alphas=[0.02] * 7, batch_scale=[1.0, 5.0])
+    c = curve(0.02)
+    states = [SimpleNamespace(lengths=AdaptiveLength(c, 7, memory=memory, clock=None), k=None, remaining=1 << 30)
+              for _ in range(4)]
+    plans = []
+    for _ in range(12):
+        for s in states:
+            s.k = s.lengths.next()
+        plans.append(plan_batch(states))
+    assert any(any(p) for p in plans)
+
+
 def test_new_requests_arriving_apart_probe_in_one_widened_pass():
     """Four requests join a plain batch (where a widened pass is dear) one round apart, inheriting
     estimates that say drafts fail, and the drafts do fail (raw text). Each tests those estimates
