@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ..engine.slab import RowKVCache, Slab, lendable, release
+from ..engine.slab import RowKVCache, Slab, lendable, pad_rows, release
 
 
 class DFlashState:
@@ -58,8 +58,13 @@ def batch_context(states: list[DFlashState], i: int, window: int | None):
     if window is None and lendable(rows):
         slab, lengths = Slab.of(rows), [c.offset for c in rows]
         n = max(lengths)
-        return (slab.keys[:, :, :n], slab.values[:, :, :n]), (mx.arange(n)[None] < mx.array(lengths)[:, None])[:, None, None]
+        return (slab.keys[:, :, :n], slab.values[:, :, :n]), own_rows(lengths, n)
     return padded_context([s.kv(i) for s in states], window)
+
+
+def own_rows(lengths: list[int], n: int) -> mx.array:
+    """[B, 1, 1, n]: which of n context rows are each request's own (the first lengths[b]; the rest padding)."""
+    return (mx.arange(n)[None] < mx.array(lengths)[:, None])[:, None, None]
 
 
 def last_rows(a: mx.array, n: int) -> mx.array:
@@ -77,13 +82,7 @@ def padded_context(kvs: list, window: int | None):
     if not longest:
         return (None, None), None
     like = next(k for k, _ in kvs if k is not None)
-
-    def pad(a):
-        n = 0 if a is None else a.shape[2]
-        fill = mx.zeros(like.shape[:2] + (longest - n,) + like.shape[3:], like.dtype)
-        if a is None:
-            return fill
-        return a if n == longest else mx.concatenate([a, fill], axis=2)
-
-    keys, values = (mx.concatenate([pad(kv[j]) for kv in kvs]) for j in (0, 1))
-    return (keys, values), (mx.arange(longest)[None] < mx.array(lengths)[:, None])[:, None, None]
+    empty = mx.zeros(like.shape[:2] + (longest,) + like.shape[3:], like.dtype)
+    keys, values = (mx.concatenate([empty if kv[j] is None else pad_rows(kv[j], longest) for kv in kvs])
+                    for j in (0, 1))
+    return (keys, values), own_rows(lengths, longest)
