@@ -107,8 +107,9 @@ def test_batched_catch_up_drafts_what_each_request_drafts_alone(target_dir, draf
 
 
 def test_requests_catch_up_together_when_their_new_rows_are_alike(target_dir, drafter_dir, monkeypatch):
-    """`drafter_states`: rounds' few new rows go in as one batched update; prompts of very different lengths
-    (mostly padding together) go in one by one; either way each state is what catching up alone gives."""
+    """`drafter_states`: rounds' few new rows go in as one batched update; a prompt much longer than the
+    others' new rows (mostly padding together) goes in a group of its own; either way each state is what
+    catching up alone gives."""
     from mlx_spec.engine.cache import PAD_ROWS, drafter_states
 
     model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
@@ -124,18 +125,31 @@ def test_requests_catch_up_together_when_their_new_rows_are_alike(target_dir, dr
             pc.add(ids, hidden)
         return pcs
 
-    prompts = [3, 2 * PAD_ROWS + 40, 5]  # one long prompt beside short ones: one by one
+    prompts = [3, 2 * PAD_ROWS + 40, 5, 3 + PAD_ROWS]  # the short ones together, the long one alone
     pcs, solo = caches(prompts), caches(prompts)
     drafter_states(pcs)
-    assert not calls
+    assert sorted(sorted(len(t) for t in c) for c in calls) == [[3, 5, 3 + PAD_ROWS], [2 * PAD_ROWS + 40]]
+    calls.clear()
     for step in range(3):  # then rounds of a few rows each: together
-        for pc, s, n in zip(pcs, solo, (1, 3, 2)):
+        for pc, s, n in zip(pcs, solo, (1, 3, 2, 2)):
             ids = tok.encode("x = 1\n")[:n]
             for c in (pc, s):
                 _, hidden = model.target(mx.array([ids]), c.cache)
                 c.add(ids, hidden)
         drafter_states(pcs)
     assert len(calls) == 3
+    models = [pc.drafter_state().model for pc in pcs]
+    for i in range(len(models[0].caches)):  # a drafting pass lends their rows to a slab per layer
+        batch_context(models, i, None)
+    calls.clear()
+    for pc, s, n in zip(pcs, solo, (2 * PAD_ROWS + 9, 1, 2, 1)):  # one long turn beside rounds' few rows
+        ids = (tok.encode("y = [x for x in range(10)]\n") * 9)[:n]
+        for c in (pc, s):
+            _, hidden = model.target(mx.array([ids]), c.cache)
+            c.add(ids, hidden)
+    drafter_states(pcs)
+    assert sorted(sorted(len(t) for t in c) for c in calls) == [[1, 1, 2], [2 * PAD_ROWS + 9]]
+    assert all(c.slab is not None for m in models for c in m.caches)  # written into the slab, none taken back
     for pc, s in zip(pcs, solo):
         a, b = pc.drafter_state(), s.drafter_state()
         assert a.offset == b.offset

@@ -13,7 +13,7 @@ from .recurrent import recurrent_mixers, replay_mixers
 from .rollback import UNBOUNDED, drop_kept, leaves, make_cache, max_trim, pending, replayed, restore, rewindable, \
     snapshot, spec_caches, trim
 from .rotating import SpecRotatingKVCache
-from .slab import release
+from .slab import pad_rows, release
 
 __all__ = ["PromptCache", "make_cache", "trim", "max_trim", "spec_caches", "eval_state", "SpecRotatingKVCache"]
 
@@ -214,23 +214,31 @@ PAD_ROWS = 16
 
 
 def drafter_states(pcs: list[PromptCache]) -> list:
-    """The drafter states of requests about to draft together, caught up with every committed row: in one
-    batched update where the drafter has one (`observe_batch`: one pass and one scatter for all) and the
-    rows are alike in number, else one request at a time."""
-    drafter = pcs[0]._drafter if pcs else None
+    """The drafter states of requests about to draft together, caught up with every committed row: where
+    the drafter has a batched update (`observe_batch`: one pass and one scatter for all), requests whose
+    new rows are alike in number go in together and the others (a new request's prompt) in groups of
+    their own, each still written into the slab its rows are lent to; else one request at a time."""
+    batched = getattr(pcs[0]._drafter, "observe_batch", None) if pcs else None
     behind = [p for p in pcs if p._pending]
-    counts = [p._pending_rows for p in pcs]
-    if len(pcs) < 2 or not behind or getattr(drafter, "observe_batch", None) is None \
-            or any(h is None for p in behind for h, _ in p._pending) \
-            or len(pcs) * max(counts) - sum(counts) > PAD_ROWS * len(pcs):
+    if len(pcs) < 2 or batched is None or any(h is None for p in behind for h, _ in p._pending):
         return [p.drafter_state() for p in pcs]
-    hidden, tokens = zip(*(p._take_pending() if p._pending else (None, []) for p in pcs))
-    like = next(h for h in hidden if h is not None)
-    n = max(len(t) for t in tokens)
-    rows = [mx.zeros((1, n) + like.shape[2:], like.dtype) if h is None else
-            h if h.shape[1] == n else mx.pad(h, [(0, 0), (0, n - h.shape[1]), (0, 0)]) for h in hidden]
-    drafter.observe_batch([p._state for p in pcs], mx.concatenate(rows), list(tokens))
+    for group in alike(behind):
+        hidden, tokens = zip(*(p._take_pending() for p in group))
+        n = max(len(t) for t in tokens)
+        batched([p._state for p in group],
+                mx.concatenate([pad_rows(h, n, axis=1) for h in hidden]), list(tokens))
     return [p._state for p in pcs]
+
+
+def alike(pcs: list[PromptCache]) -> list[list[PromptCache]]:
+    """Requests in groups whose pending rows differ by at most PAD_ROWS (fewest first)."""
+    groups: list[list[PromptCache]] = []
+    for p in sorted(pcs, key=lambda p: p._pending_rows):
+        if groups and p._pending_rows <= groups[-1][0]._pending_rows + PAD_ROWS:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return groups
 
 
 def replay(pcs: list[PromptCache], tokens: list[list[int]]) -> None:

@@ -133,9 +133,11 @@ def row_arrays(c: RowKVCache) -> tuple[mx.array, mx.array]:
     return tuple(a[b : b + 1, :, : c.offset] for a in _arrays(c))
 
 
-def pad_rows(a: mx.array, width: int) -> mx.array:
-    """[B, H, L, D] right-padded with zeros to `width` rows along L."""
-    return a if a.shape[2] == width else mx.pad(a, [(0, 0), (0, 0), (0, width - a.shape[2]), (0, 0)])
+def pad_rows(a: mx.array, width: int, axis: int = 2) -> mx.array:
+    """[B, H, L, D] (or any array along `axis`) right-padded with zeros to `width` rows along L."""
+    if a.shape[axis] == width:
+        return a
+    return mx.pad(a, [(0, width - a.shape[axis]) if d == axis else (0, 0) for d in range(a.ndim)])
 
 
 def lendable(rows: list) -> bool:
