@@ -405,6 +405,7 @@ def curve_key(model) -> str:
     dtype = tree_flatten(model.model.parameters())[0][1].dtype
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
+             os.environ.get("OPENBLAS_NUM_THREADS", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
              # rounds/11..: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans,
              # dips levelled; /12: batched rows kept in slabs

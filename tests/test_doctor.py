@@ -59,3 +59,32 @@ def test_doctor_table_shows_the_long_rounds(capsys):
     show(info)
     out = capsys.readouterr().out
     assert "… at 1024 tokens" in out and "1.20 1.75" in out and "round / plain step, k=0…" in out
+
+
+def test_serve_runs_openblas_on_every_core_and_everything_else_on_one(monkeypatch):
+    """A server's batched rounds split across cores; one stream's passes and a distributed target's ranks
+    (several may share a machine) stay on one thread."""
+    from mlx_spec.platform_blas import default_threads, usable_cores
+
+    monkeypatch.delenv("MLX_RANK", raising=False)
+    assert default_threads(["serve", "--port", "8080"]) == usable_cores()
+    assert default_threads(["generate"]) == default_threads(["chat"]) == default_threads(["bench"]) == 1
+    monkeypatch.setenv("MLX_RANK", "0")
+    assert default_threads(["serve"]) == 1
+
+
+@pytest.mark.skipif(not HAS_OPENBLAS, reason="no OpenBLAS installed (apt-get install libopenblas0-pthread)")
+def test_the_cli_restarts_with_the_commands_thread_count_unless_the_user_set_one(monkeypatch):
+    from mlx_spec.platform_blas import maybe_reexec, usable_cores
+
+    envs = []
+    monkeypatch.setattr(os, "execve", lambda path, args, env: envs.append(env))
+    monkeypatch.setattr(sys, "argv", [sys.executable])  # restarts through `python -m mlx_spec.cli`: one execve
+    for name in ("_MLX_SPEC_REEXEC", "MLX_SPEC_BLAS", "OPENBLAS_NUM_THREADS", "LD_PRELOAD", "MLX_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    maybe_reexec(["serve"])
+    maybe_reexec(["generate", "--prompt", "hi"])
+    monkeypatch.setenv("OPENBLAS_NUM_THREADS", "3")
+    maybe_reexec(["serve"])
+    got = [e["OPENBLAS_NUM_THREADS"] for e in envs]
+    assert got == [str(usable_cores()), "1", "3"] and all("libopenblas" in e["LD_PRELOAD"] for e in envs)
