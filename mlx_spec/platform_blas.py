@@ -62,7 +62,7 @@ def default_threads(argv: list[str]) -> int:
     rose 10-65% (README, "Speculation under load"). One stream's passes gain nothing and the
     idle threads spin beside MLX's own, so everything else runs on one, as do a distributed target's ranks
     (several may share a machine)."""
-    if argv[:1] == ["serve"] and "MLX_RANK" not in os.environ:
+    if argv[:1] == ["serve"] and "--distributed" not in argv and "MLX_RANK" not in os.environ:
         return usable_cores()
     return 1
 

@@ -69,6 +69,7 @@ def test_serve_runs_openblas_on_every_core_and_everything_else_on_one(monkeypatc
     monkeypatch.delenv("MLX_RANK", raising=False)
     assert default_threads(["serve", "--port", "8080"]) == usable_cores()
     assert default_threads(["generate"]) == default_threads(["chat"]) == default_threads(["bench"]) == 1
+    assert default_threads(["serve", "--distributed"]) == 1
     monkeypatch.setenv("MLX_RANK", "0")
     assert default_threads(["serve"]) == 1
 
