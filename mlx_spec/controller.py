@@ -60,7 +60,10 @@ class ControllerConfig:
 class ControllerMemory:
     """What a request learnt that the next one with this pair starts from."""
 
-    alphas: list[float] | None = None  # acceptance estimates per draft position
+    alphas: list[float] | None = None  # acceptance estimates per draft position, the last request's
+    # the same per kind of request ("chat", "raw"): chat answers and raw continuations accept so differently
+    # that code requests after raw ones, starting from raw's estimates, stayed plain until probes lifted them
+    by_kind: dict[str, list[float]] = field(default_factory=dict)
     cost_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # plain, drafting: real / calibrated
     batch_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # the same for batched rounds
     batch_tick: tuple | None = None  # (time, rows, drafting, predicted seconds) of the last batched round
@@ -92,18 +95,20 @@ class AdaptiveLength:
     """
 
     def __init__(self, curve: CostCurve, max_k: int, config: ControllerConfig = ControllerConfig(),
-                 memory: ControllerMemory | None = None, clock: Callable[[], float] | None = time.perf_counter):
+                 memory: ControllerMemory | None = None, clock: Callable[[], float] | None = time.perf_counter,
+                 kind: str | None = None):
         self.curve, self.max_k, self.cfg = curve, min(max_k, curve.max_drafts), config
-        self.memory, self.clock = memory, clock
+        self.memory, self.clock, self.kind = memory, clock, kind
+        start = None if memory is None else memory.by_kind.get(kind, memory.alphas)
         self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
         self.source, self._sources = None, {}  # the source whose estimates these are; the others' (`_use`)
-        if memory is not None and memory.alphas:  # start from the last request's estimates, lightly held
-            for i, a in enumerate(memory.alphas[: self.max_k]):
+        if start:  # start from the last request's estimates (of this kind), lightly held
+            for i, a in enumerate(start[: self.max_k]):
                 self.hits[i], self.trials[i] = a * config.weight, config.weight
         self.cost_scale = list(memory.cost_scale) if memory is not None else [1.0, 1.0]
         self.can_pay = best_length(curve, [config.hopeful] * self.max_k, self.max_k, config.margin) > 0
         self.interval, self.rounds_off = config.probe_every, 0
-        if memory is not None and memory.alphas:  # the last request's text may have been another kind of text
+        if start:  # the last request's text may have been another kind of text
             self.rounds_off = max(0, config.probe_every - config.first_probe)
         self._choice: int | None = None  # best_length for the current estimates and costs
         self._scale_chosen = list(self.cost_scale)
@@ -112,7 +117,7 @@ class AdaptiveLength:
         self._last_k: int | None = None
         self._probe_left = 0  # a probe is two k = 1 rounds: the second is steady, so it times drafting too
         self.judged, self.plain_rounds = 0, 0  # drafting rounds of its own; batched rounds plain since the last
-        self.inherited = bool(memory is not None and memory.alphas)  # it starts from its predecessors' estimates
+        self.inherited = bool(start)  # it starts from its predecessors' estimates
 
     def estimates(self) -> list[float]:
         alphas, before, w = [], self.cfg.prior, self.cfg.weight
@@ -190,6 +195,8 @@ class AdaptiveLength:
             # whichever source drafted: the next request starts from it (the model's misses alone on raw text,
             # where lookup drafted the rest, left the requests after it plain: three probes could not lift them)
             self.memory.alphas = self.estimates()
+            if self.kind is not None:
+                self.memory.by_kind[self.kind] = self.memory.alphas
 
     def expect(self, source: str | None) -> None:
         """The next round will likely draft from `source` (the drafter's guess, engine/cache.py

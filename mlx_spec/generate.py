@@ -106,6 +106,12 @@ def encode_prompt(tokenizer, prompt) -> list[int]:
     return list(prompt)
 
 
+def prompt_kind(prompt) -> str | None:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict):
+        return "chat"
+    return "raw" if isinstance(prompt, str) else None
+
+
 def make_prompt_cache(model: Loaded, speculative: bool = True) -> PromptCache:
     """A conversation's cache; `speculative=False` for generations that will not draft (it feeds no drafter)."""
     cls = getattr(model.target, "prompt_cache_class", PromptCache)  # a pipeline stage's: reuse agreed by all ranks
@@ -116,8 +122,10 @@ def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
                     sampling: SamplingParams | None = None, stop: list[str] | None = None,
                     prompt_cache: PromptCache | None = None, block_size: int | None = None,
                     adaptive: bool = True, speculative: bool = True, draft_lengths=None,
-                    **sampling_kwargs) -> "Generation":
-    """A validated, not yet started generation (see `stream_generate` for the options)."""
+                    kind: str | None = None, **sampling_kwargs) -> "Generation":
+    """A validated, not yet started generation (see `stream_generate` for the options). kind: "chat" or
+    "raw" (plain text continued), whose acceptance the controller remembers apart; by default chat
+    messages are "chat", a string "raw", token ids neither."""
     if sampling_kwargs:
         if "temp" in sampling_kwargs:
             sampling_kwargs["temperature"] = sampling_kwargs.pop("temp")
@@ -137,7 +145,8 @@ def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
     check_block_size(model, block_size)
     pc = prompt_cache if prompt_cache is not None else make_prompt_cache(model, speculative)
     if draft_lengths is None:
-        draft_lengths = choose_lengths(model, block_size, adaptive) if speculative else FixedLength(0)
+        kind = kind or prompt_kind(prompt)
+        draft_lengths = choose_lengths(model, block_size, adaptive, kind) if speculative else FixedLength(0)
     return Generation(model, tokenizer, ids, max_tokens, Sampler(sampling, vocab_size=model.vocab_size), stop or [], pc,
                       draft_lengths)
 
@@ -168,9 +177,10 @@ def check_block_size(model: Loaded, block_size: int | None) -> None:
         raise MlxSpecError(f"block size must be an integer {what}, got {block_size!r}")
 
 
-def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool):
-    """Fixed draft lengths, or the adaptive controller. Any lengths keep output exact, seeded sampled
-    output included (its tokens do not depend on the draft lengths: see `engine/sampling.py`)."""
+def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool, kind: str | None = None):
+    """Fixed draft lengths, or the adaptive controller (starting from the estimates of the last request
+    of this kind). Any lengths keep output exact, seeded sampled output included (its tokens do not
+    depend on the draft lengths: see `engine/sampling.py`)."""
     drafter = model.drafter
     if drafter is None:
         return FixedLength(0)
@@ -180,7 +190,7 @@ def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool):
     from .controller import AdaptiveLength
 
     curve = calibrated_curve(model, drafter.block_size)
-    return AdaptiveLength(curve, drafter.block_size - 1, memory=model.memory)
+    return AdaptiveLength(curve, drafter.block_size - 1, memory=model.memory, kind=kind)
 
 
 class Generation:

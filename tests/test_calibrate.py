@@ -219,6 +219,34 @@ def test_memory_warm_starts_the_next_request():
     assert AdaptiveLength(mild, max_k=8, memory=memory).next() > cold
 
 
+def test_each_kind_of_request_starts_from_its_own_kinds_estimates():
+    """Chat answers and raw continuations accept so differently that a chat request after raw ones must
+    not start from raw's estimates (it stayed plain until probes lifted it); a request of no known kind
+    starts from the last request's, whatever its kind."""
+    mild = CostCurve(verify=[1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9, 2.05, 2.2], draft=[0.05] * 8)
+    memory = ControllerMemory()
+
+    def run(kind, accept):
+        c = AdaptiveLength(mild, max_k=8, memory=memory, kind=kind)
+        for _ in range(50):
+            k = c.next() or 1  # drafting every round, so that each round is judged
+            c.update(k, k if accept else 0)
+    run("chat", True)
+    run("raw", False)
+    assert min(memory.by_kind["chat"]) > 0.9 and memory.by_kind["raw"][0] < 0.2
+    chat, raw = (AdaptiveLength(mild, max_k=8, memory=memory, kind=kind) for kind in ("chat", "raw"))
+    unknown = AdaptiveLength(mild, max_k=8, memory=memory)  # the last request's: raw's
+    assert chat.estimates()[0] > 0.7 > 0.5 > raw.estimates()[0] and unknown.estimates() == raw.estimates()
+    assert chat.next() > raw.next()
+
+
+def test_the_library_tells_chat_prompts_from_raw_text():
+    from mlx_spec.generate import prompt_kind
+
+    assert prompt_kind([{"role": "user", "content": "hi"}]) == "chat" and prompt_kind("def f(") == "raw"
+    assert prompt_kind([1, 2, 3]) is None  # token ids: either
+
+
 def test_measured_curves_are_made_monotone():
     assert monotone([1.0, 0.98, 1.21, 1.03, 1.17]) == pytest.approx([0.99, 0.99, 1.12, 1.12, 1.17])
     assert monotone([1.0, 2.0, 3.0]) == [1.0, 2.0, 3.0] and monotone([]) == []

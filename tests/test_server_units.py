@@ -11,10 +11,10 @@ from mlx_lm.tool_parsers import json_tools, mistral
 from mlx_spec.app.server.backend import ModelInfo
 from mlx_spec.app.server.config import Defaults, ServerConfig
 from mlx_spec.app.server.errors import APIError
-from mlx_spec.app.server.params import chat_job, check_chat
+from mlx_spec.app.server.params import chat_job, check_chat, completion_job
 from mlx_spec.app.server.prefix_cache import PrefixCachePool
 from mlx_spec.app.server.prompt import PromptBuilder
-from mlx_spec.app.server.schemas import ChatRequest
+from mlx_spec.app.server.schemas import ChatRequest, CompletionRequest
 from mlx_spec.app.server.security import hostname
 from mlx_spec.app.server.tools import ToolCallFilter
 
@@ -87,6 +87,13 @@ def test_params_mapping():
     assert s.top_k == 0 and s.seed == (1 << 64) - 1 and s.presence_penalty is None and s.logit_bias == {3: -100.0}
     assert chat_job(req(), [1] * 90, INFO, Defaults(), LIMITS).max_tokens == 10  # up to the context end
     assert chat_job(req(max_tokens=50), [1] * 90, INFO, Defaults(), LIMITS).max_tokens == 10
+
+
+def test_completions_are_raw_text_and_chats_are_chat():
+    """Each kind starts from its own acceptance estimates (controller.ControllerMemory.by_kind)."""
+    raw = CompletionRequest.model_validate({"prompt": "def f("})
+    assert completion_job(raw, [1, 2], INFO, Defaults(), LIMITS).kind == "raw"
+    assert chat_job(req(), [1, 2], INFO, Defaults(), LIMITS).kind == "chat"
 
 
 @pytest.mark.parametrize("kw", [dict(n=3), dict(logprobs=True), dict(top_logprobs=2),

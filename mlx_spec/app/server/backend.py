@@ -54,7 +54,7 @@ class Backend:
         seq.cache = self.pool.acquire(job.ids, job.partition)
         seq.gen = mlx_spec.make_generation(
             self.model, self.tokenizer, job.ids, job.max_tokens, sampling=job.sampling, stop=job.stop,
-            prompt_cache=seq.cache, block_size=self.cfg.block_size)
+            prompt_cache=seq.cache, block_size=self.cfg.block_size, kind=job.kind)
         seq.prefilling = seq.gen.prefill(self.cfg.prefill_chunk)
 
     def prefill_step(self, seq: Sequence) -> None:

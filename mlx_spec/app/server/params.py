@@ -92,11 +92,11 @@ def _check_n(req: Sampling) -> None:
 def completion_job(req: CompletionRequest, ids: list[int], info: ModelInfo, defaults: Defaults, limits,
                    partition: tuple = ()) -> Job:
     wanted = req.max_tokens if req.max_tokens is not None else (defaults.max_tokens or 16)
-    return _job(req, ids, wanted, "max_tokens", "prompt", info, defaults, limits, partition)
+    return _job(req, ids, wanted, "max_tokens", "prompt", info, defaults, limits, partition, kind="raw")
 
 
 def _job(req: Sampling, ids, wanted, param, prompt_param, info: ModelInfo, defaults: Defaults, limits,
-         partition: tuple) -> Job:
+         partition: tuple, kind: str = "chat") -> Job:
     ctx = info.context_length
     if not ids:
         raise invalid("the prompt is empty", prompt_param)
@@ -110,7 +110,7 @@ def _job(req: Sampling, ids, wanted, param, prompt_param, info: ModelInfo, defau
         raise invalid(f"{param} must be between 1 and the context length {ctx}, got {wanted}", param)
     # Like the library (and llama.cpp, Ollama), a limit past the context end stops at the end.
     return Job(list(ids), min(wanted, ctx - len(ids)), _sampling(req, info, defaults.sampling),
-               _stops(req.stop, defaults.stop, limits), partition)
+               _stops(req.stop, defaults.stop, limits), partition, kind)
 
 
 MIN_REPETITION_PENALTY = 0.01  # logits / penalty: smaller values overflow float32 (0 and below mean nothing)

@@ -18,6 +18,7 @@ class Job:
     sampling: SamplingParams
     stop: list[str] = field(default_factory=list)
     partition: tuple = ()  # whose idle prefix caches it may reuse (API key, client cache key)
+    kind: str = "chat"  # or "raw" (/v1/completions): each kind starts from its own acceptance estimates
 
 
 @dataclass
