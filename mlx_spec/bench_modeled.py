@@ -4,6 +4,9 @@ what they would be), and each round is charged what the calibrated cost curve sa
 its draft length costs at its context, instead of being timed. On a shared machine, wall-clock pairs
 of auto and a fixed block spread more than the few percent between them; this view does not. It is
 the cost model's view, not a speed: where the curve is wrong, so is it.
+
+With `rows` (`bench --modeled --rows 4,8`), the same for batched rounds as the server runs them: that many
+requests decode together, and each round is charged the calibrated batched costs of its width.
 """
 
 from __future__ import annotations
@@ -57,6 +60,54 @@ def compare(model, tokenizer, sets: dict, curve, max_tokens: int, config=None) -
     return rows
 
 
+def batched_rate(model, tokenizer, prompts: list, rows: int, max_tokens: int, lengths, curve) -> tuple[int, float]:
+    """(tokens, modeled seconds) of `rows` greedy generations of the prompts (cycled) decoded together, as
+    the server's batched rounds run: each round charged the calibrated batched target pass over the live
+    requests' blocks padded to the widest, what their contexts add, and one drafter pass for the drafting
+    ones (what `controller.plan_batch` plans with). Prefills cost every policy the same and are not
+    charged. `lengths()`: a new request's draft lengths."""
+    from .generate import make_generation, step_all
+
+    live = [make_generation(model, tokenizer, encode(tokenizer, prompts[i % len(prompts)]), max_tokens,
+                            draft_lengths=lengths()) for i in range(rows)]
+    tokens, seconds = sum(len(g.start().tokens) for g in live), 0.0
+    live = [g for g in live if not g.finished]
+    while live:
+        extra = sum(curve.extra_rows(len(g.state.pc.tokens)) for g in live)
+        done = step_all(model, live)
+        width, drafting = 1 + max(r.drafted for r in done), sum(1 for r in done if r.drafted)
+        seconds += (curve.batch_time(len(live), width) + curve.per_row(width - 1) * extra
+                    + curve.draft_time(drafting, width - 1))
+        tokens += sum(len(r.tokens) for r in done)
+        live = [g for g in live if not g.finished]
+    return tokens, seconds
+
+
+def compare_batched(model, tokenizer, sets: dict, curve, max_tokens: int, rows: list[int], config=None) -> list[dict]:
+    """Per prompt kind and batch size: modeled tokens per second of plain decoding, of every fixed block
+    for all requests alike, and of auto (`plan_batch`: each request's own length, in one pass), each over
+    plain; and auto over the best fixed block (the ceiling a uniform block reaches)."""
+    from .controller import AdaptiveLength, ControllerConfig, ControllerMemory
+    from .engine.loop import FixedLength
+
+    config, top = config or ControllerConfig(), model.drafter.block_size - 1
+    out = []
+    for kind, prompts in sets.items():
+        for b in rows:
+            fixed = [batched_rate(model, tokenizer, prompts, b, max_tokens, lambda k=k: FixedLength(k), curve)
+                     for k in range(top + 1)]
+            memory = ControllerMemory()
+            for _ in range(2):  # the second batch starts from the first's estimates, as a server's next requests do
+                auto = batched_rate(model, tokenizer, prompts, b, max_tokens,
+                                    lambda: AdaptiveLength(curve, top, config, memory=memory, clock=None), curve)
+            rates = [n / s for n, s in fixed]
+            best = max(range(top + 1), key=lambda k: rates[k])
+            out.append({"kind": kind, "rows": b, "tokens": auto[0], "over_plain": [r / rates[0] for r in rates],
+                        "auto_over_plain": auto[0] / auto[1] / rates[0], "best_block": best + 1,
+                        "auto_over_best": auto[0] / auto[1] / rates[best]})
+    return out
+
+
 def show(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -67,4 +118,17 @@ def show(rows: list[dict]) -> None:
     for r in rows:
         each = " ".join(f"{p['auto_over_best']:.3f} ({p['best_block']})" for p in r["prompts"])
         t.add_row(r["kind"], each, f"{r['auto_over_best']:.3f}")
+    Console(width=160).print(t)
+
+
+def show_batched(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="modeled batched rounds: each charged its calibrated batched cost (not timed); speeds over plain")
+    for col in ("kind", "rows", "fixed block 2…B over plain", "auto over plain", "auto / best fixed (best block)"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["kind"], str(r["rows"]), " ".join(f"{x:.2f}" for x in r["over_plain"][1:]),
+                  f"{r['auto_over_plain']:.2f}", f"{r['auto_over_best']:.3f} ({r['best_block']})")
     Console(width=160).print(t)

@@ -66,8 +66,9 @@ class ControllerMemory:
     by_kind: dict[str, list[float]] = field(default_factory=dict)
     cost_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # plain, drafting: real / calibrated
     batch_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # the same for batched rounds
-    batch_tick: tuple | None = None  # (time, rows, drafting, predicted seconds) of the last batched round
+    batch_tick: tuple | None = None  # (time, its requests, drafting, predicted seconds) of the last batched round
     batch_off: int = 0  # batched rounds in a row where nobody drafted (see `plan_batch`'s probes)
+    batch_every: int = 0  # ...before the next probe of the whole batch (0: the config's `probe_every`)
 
 
 class AdaptiveLength:
@@ -117,7 +118,6 @@ class AdaptiveLength:
         self._last_k: int | None = None
         self._probe_left = 0  # a probe is two k = 1 rounds: the second is steady, so it times drafting too
         self.judged, self.plain_rounds = 0, 0  # drafting rounds of its own; batched rounds plain since the last
-        self.inherited = bool(start)  # it starts from its predecessors' estimates
 
     def estimates(self) -> list[float]:
         alphas, before, w = [], self.cfg.prior, self.cfg.weight
@@ -157,9 +157,9 @@ class AdaptiveLength:
         return k
 
     def probe_in_batch(self) -> bool:
-        """Told to run plain in a batched round: True where it should draft one token instead. A request
-        that starts from its predecessors' estimates (perhaps another kind of text) tests them soon, and
-        again as often, until `fresh_probes` drafting rounds of its own back or refute them."""
+        """Told to run plain in a batched round: True where it should draft one token instead. A new request
+        tests the estimates it started from (its predecessors', perhaps another kind of text; or the prior)
+        soon, and again as often, until `fresh_probes` drafting rounds of its own back or refute them."""
         self.plain_rounds += 1
         if self.fresh and self.plain_rounds >= self.cfg.first_probe and self.max_k and self.can_pay:
             self.plain_rounds = 0
@@ -176,8 +176,10 @@ class AdaptiveLength:
 
     @property
     def fresh(self) -> bool:
-        """Still testing its predecessors' estimates (it has had fewer than `fresh_probes` drafting rounds)."""
-        return self.inherited and self.judged < self.cfg.fresh_probes
+        """Still testing the estimates it started from, its predecessors' or the prior (it has had fewer than
+        `fresh_probes` drafting rounds): a batch whose requests all started from the prior, which said
+        "plain", stayed plain to the end (4 rows of long prompts, modeled: 1.00x where 2 drafts gave 1.44x)."""
+        return self.judged < self.cfg.fresh_probes
 
     def update(self, drafted: int, accepted: int, source: str | None = None) -> None:
         self._time_round(drafted)
@@ -237,7 +239,7 @@ class AdaptiveLength:
 # ----------------------------------------------------------------------------- batched rounds
 
 
-def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_every: int = 128) -> list[int]:
+def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_every: int | None = None) -> list[int]:
     """Draft lengths for one batched verify pass, from the batch's width and each request's own acceptance.
 
     Every block is padded to the widest, so the pass costs `curve.batch_time(rows, W)` whoever
@@ -248,11 +250,13 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     with the most wins, and drafting must beat an all-plain pass by `margin`. Requests with fixed
     draft lengths (`FixedLength`) keep theirs. The batch's measured round times rescale the batch
     costs (plain and drafting passes apart), as `AdaptiveLength` does for one request. A new request
-    whose estimates are its predecessors' probes soon (`AdaptiveLength.probe_in_batch`: one token in
-    the pass), and in any pass that is wider than one token anyway (`join_probe`: one widened pass
-    for the batch's new requests, not one each); and after `probe_every` batched rounds in a row
-    where nobody drafted, every request drafts one token once. No probe runs where it could not change
-    the plan: where the requests it tests would not draft even at `hopeful` acceptance (`could_pay`).
+    tests the estimates it started from soon (`AdaptiveLength.probe_in_batch`: one token in the pass),
+    and in any pass that is wider than one token anyway (`join_probe`: one widened pass for the batch's
+    new requests, not one each). After `probe_every` (default: the controller's) batched rounds in a row
+    where nobody drafted, every request drafts one token once, and the wait doubles while such probes
+    find nothing (up to `max_probe_every`), as one request's does: a few unlucky first drafts (an answer's
+    first tokens are the hardest) had kept 4 rows of long prompts plain to the end, where a block of 3
+    paid 1.4x (`bench --modeled --rows 4`). No probe runs where it could not change the plan: where the requests it tests would not draft even at `hopeful` acceptance (`could_pay`).
     Sets and returns each state's `k`.
     """
     adaptive = [s for s in states if isinstance(s.lengths, AdaptiveLength)]
@@ -307,10 +311,11 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
         return any(best(trial, [1.0, 1.0])[1][id(s)] for s in hopeful)
 
     rate, ks, width = best()
+    planned = width
     fresh = [s for s in adaptive if s.lengths.fresh and caps[id(s)]]  # what a probe would test
     probes = [s for s in adaptive if not ks[id(s)] and caps[id(s)] and s.lengths.probe_in_batch()]
     probes = probes if probes and could_pay(fresh) else []
-    for s in probes:  # a new request testing its predecessors' estimates: as far as the pass is wide anyway
+    for s in probes:  # a request testing its estimates: as far as the pass is wide anyway
         ks[id(s)] = min(max(1, width - 1), caps[id(s)])
     width = max(width, 2 if probes else 1)
     joining = [s for s in fresh if not ks[id(s)]] if width > 1 else []
@@ -320,14 +325,19 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
             if s.lengths.join_probe():
                 ks[id(s)] = min(reach, caps[id(s)])
     if memory is not None and top > 1:
+        first = probe_every or lead.cfg.probe_every
+        if planned > 1:  # drafting pays again: the next stretch off starts from the shortest wait
+            memory.batch_every = first
         memory.batch_off = memory.batch_off + 1 if width == 1 else 0
-        if memory.batch_off >= probe_every:  # a probe: one token each, a pass two wide
+        if memory.batch_off >= (memory.batch_every or first):  # a probe: one token each, a pass two wide
             memory.batch_off = 0
+            memory.batch_every = min(2 * (memory.batch_every or first), lead.cfg.max_probe_every)
             if could_pay(adaptive):
                 width, ks = 2, {id(s): min(1, caps[id(s)]) for s in adaptive}
     drafting = fixed_drafting + sum(1 for k in ks.values() if k)
-    predicted = pass_time(width) + curve.draft_time(drafting, width - 1)
-    _time_batch(memory, b, width > 1, predicted, follow)
+    if lead.clock is not None:  # (clock=None: the costs stay as calibrated, as for one request)
+        _time_batch(memory, tuple(id(s) for s in states), width > 1,
+                    pass_time(width) + curve.draft_time(drafting, width - 1), follow, lead.clock())
     for s in adaptive:
         s.k = ks[id(s)]
         s.lengths.skip_timing()
@@ -339,13 +349,15 @@ def _context(s) -> int:
     return s.lengths.context if isinstance(s.lengths, AdaptiveLength) else len(s.pc.tokens)
 
 
-def _time_batch(memory: ControllerMemory | None, rows: int, drafting: bool, predicted: float, follow: float) -> None:
+def _time_batch(memory: ControllerMemory | None, rows: tuple, drafting: bool, predicted: float, follow: float,
+                now: float) -> None:
     """Compare the time since the last batched round began planning with what the costs predicted for
-    that round (only when it was of the same kind and batch size as this one: the steady state), and
-    rescale the batch costs of that kind."""
+    that round, and rescale the batch costs of that kind: only when it was of the same kind as this one
+    and ran the same requests (the steady state: a request that joins between the two adds its prefill,
+    which had counted as the round's cost wherever another left at the same time)."""
     if memory is None:
         return
-    now, last = time.perf_counter(), memory.batch_tick
+    last = memory.batch_tick
     memory.batch_tick = (now, rows, drafting, predicted)
     if last is None or last[1] != rows or last[2] != drafting:
         return

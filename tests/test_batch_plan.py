@@ -22,10 +22,30 @@ def curve(per_token: float) -> CostCurve:
     return CostCurve(verify=[1.0 + 0.05 * m for m in range(8)], draft=[0.1] * 7, rounds=[], batch=batch)
 
 
-def row(c: CostCurve, alpha: float, memory=None, remaining=1 << 30):
-    lengths = AdaptiveLength(c, 7, memory=memory, clock=None)
+def row(c: CostCurve, alpha: float, memory=None, remaining=1 << 30, clock=None):
+    lengths = AdaptiveLength(c, 7, memory=memory, clock=clock)
     lengths.hits, lengths.trials = [alpha * 50] * 7, [50.0] * 7
+    lengths.judged = 50  # (evidence of its own: 50 drafting rounds)
     return SimpleNamespace(lengths=lengths, k=lengths.next(), remaining=remaining)
+
+
+def new_rows(c: CostCurve, memory, n: int = 4) -> list:
+    """n new requests, their estimates their predecessors' (in `memory`) or the prior."""
+    return [SimpleNamespace(lengths=AdaptiveLength(c, 7, memory=memory, clock=None), k=None, remaining=1 << 30)
+            for _ in range(n)]
+
+
+def plan_rounds(states: list, rounds: int, accepted=None) -> list[list[int]]:
+    """Each round's plan: every request's own choice, the batch's plan, then (with `accepted(round, k)`) the
+    verdict on every request's drafts."""
+    plans = []
+    for i in range(rounds):
+        for s in states:
+            s.k = s.lengths.next()
+        plans.append(plan_batch(states))
+        for s in states if accepted else ():
+            s.lengths.update(s.k, accepted(i, s.k))
+    return plans
 
 
 def test_rows_that_do_not_pay_run_plain_beside_drafting_rows():
@@ -53,27 +73,23 @@ def test_fixed_rows_keep_their_lengths_and_remaining_tokens_cap_drafts():
 def test_batch_costs_follow_measured_rounds():
     memory = ControllerMemory()
     c = curve(0.02)
-    states = [row(c, 0.0, memory) for _ in range(4)]
     now = [100.0]
-    import mlx_spec.controller as controller
-
-    real = controller.time.perf_counter
-    controller.time.perf_counter = lambda: now[0]
-    try:
-        for _ in range(30):  # plain passes really take twice what the curve says
-            plan_batch(states)
-            now[0] += 2 * c.batch_time(4, 1)
-    finally:
-        controller.time.perf_counter = real
+    states = [row(c, 0.0, memory, clock=lambda: now[0]) for _ in range(4)]
+    for _ in range(30):  # plain passes really take twice what the curve says
+        plan_batch(states)
+        now[0] += 2 * c.batch_time(4, 1)
     assert memory.batch_scale[0] == pytest.approx(2.0, rel=0.1) and memory.batch_scale[1] == 1.0
 
 
 def test_a_plain_batch_probes_now_and_then():
+    """After `probe_every` plain rounds every request drafts one token, then twice as long each time the
+    probe finds nothing (here: the estimates stay put, so the plan stays plain)."""
     memory = ControllerMemory()
     dear = curve(0.1)  # drafting at 0.6 acceptance does not pay; at the hopeful 0.9 it would
     states = [row(dear, 0.6, memory) for _ in range(4)]
-    plans = [plan_batch(states, probe_every=10) for _ in range(30)]
-    assert sum(p == [1] * 4 for p in plans) == 3 and sum(p == [0] * 4 for p in plans) == 27
+    plans = [plan_batch(states, probe_every=10) for _ in range(80)]
+    assert [i for i, p in enumerate(plans) if p == [1] * 4] == [9, 29, 69]  # after 10, 20, 40 plain rounds
+    assert sum(p == [0] * 4 for p in plans) == 77
     steep = curve(0.5)  # where not even 0.9 would pay, a probe could not change the plan: none runs
     states = [row(steep, 0.6, memory) for _ in range(4)]
     assert all(plan_batch(states, probe_every=10) == [0] * 4 for _ in range(30))
@@ -138,6 +154,7 @@ def test_planned_batches_decode_as_alone(pair):
     def planned(alpha):
         lengths = AdaptiveLength(c, 5, memory=memory)
         lengths.hits, lengths.trials = [alpha * 50] * 5, [50.0] * 5
+        lengths.judged = 50  # (evidence of its own)
         return lengths
 
     alphas = [0.95, 0.0, 0.9, 0.0]
@@ -169,19 +186,8 @@ def test_a_request_alone_keeps_its_own_lengths_and_timing(pair):
 def test_new_requests_in_a_batch_test_their_predecessors_estimates_soon():
     """The last requests were text the drafter could not follow; these follow it perfectly. Batched, each
     new request still probes within a few rounds (one token, in the shared pass), and they ramp up."""
-    memory = ControllerMemory(alphas=[0.02] * 7)
-    c = curve(0.02)
-    states = []
-    for _ in range(4):
-        lengths = AdaptiveLength(c, 7, memory=memory, clock=None)
-        states.append(SimpleNamespace(lengths=lengths, k=None, remaining=1 << 30))
-    plans = []
-    for _ in range(24):
-        for s in states:
-            s.k = s.lengths.next()
-        plans.append(plan_batch(states))
-        for s in states:
-            s.lengths.update(s.k, s.k)  # every draft accepted
+    plans = plan_rounds(new_rows(curve(0.02), ControllerMemory(alphas=[0.02] * 7)), 24,
+                        lambda i, k: k)  # every draft accepted
     assert plans[0] == [0] * 4  # off at first: the estimates say the drafts fail
     first = next(i for i, p in enumerate(plans) if any(p))
     assert first <= 5 and all(k == 1 for k in plans[first])  # every new request probes one token, soon
@@ -191,15 +197,7 @@ def test_new_requests_in_a_batch_test_their_predecessors_estimates_soon():
 def test_a_stale_cost_scale_does_not_shut_probes_out():
     """The measured scale of drafting passes went up (another kind of traffic before) and only drafting
     passes update it: new requests still probe, judged by the calibrated costs, so it can come down."""
-    memory = ControllerMemory(alphas=[0.02] * 7, batch_scale=[1.0, 5.0])
-    c = curve(0.02)
-    states = [SimpleNamespace(lengths=AdaptiveLength(c, 7, memory=memory, clock=None), k=None, remaining=1 << 30)
-              for _ in range(4)]
-    plans = []
-    for _ in range(12):
-        for s in states:
-            s.k = s.lengths.next()
-        plans.append(plan_batch(states))
+    plans = plan_rounds(new_rows(curve(0.02), ControllerMemory(alphas=[0.02] * 7, batch_scale=[1.0, 5.0])), 12)
     assert any(any(p) for p in plans)
 
 
@@ -211,6 +209,25 @@ def test_new_requests_arriving_apart_probe_in_one_widened_pass():
     judged, widened = arrive_apart(curve(0.03))  # where the four together would pay at hopeful odds
     assert judged == [fresh] * 4
     assert widened == fresh  # each in passes of its own: 4x as many
+
+
+def test_a_batch_turned_plain_by_unlucky_first_drafts_probes_again():
+    """Requests draft from the prior and their first drafts are all rejected (the first tokens of an answer
+    are the hardest), so the plan turns plain. After `probe_every` plain rounds (twice as long each time a
+    probe leaves the plan plain) the whole batch drafts one token, and once drafts are accepted it drafts long.
+    (Before, such a batch probed only after 128 plain rounds: 4 rows of long prompts stayed plain to the
+    end of their answers.)"""
+    cfg = ControllerConfig()
+    plans = plan_rounds(new_rows(curve(0.02), ControllerMemory()), 120,
+                        lambda i, k: 0 if i < 30 else k)  # rejected for a while, then accepted
+    drafting = [i for i, p in enumerate(plans) if any(p)]
+    fresh = cfg.fresh_probes  # its first drafting rounds (the plan's, then a new request's probes)
+    assert drafting[:fresh] == [0, 1, 5] and all(plans[i] == [1] * 4 for i in drafting[fresh - 1 : fresh + 2])
+    # then the batch's probes, after 16, 32 and 64 plain rounds: the plan stayed plain after each of the
+    # first two (the second was accepted, not yet enough), the third lifted it
+    first, gaps = drafting[fresh - 1], [cfg.probe_every * 2**j for j in range(3)]
+    assert drafting[fresh : fresh + 3] == [first + sum(gaps[: j + 1]) for j in range(3)]
+    assert all(k >= 4 for k in plans[-1])  # found good again: drafting long
 
 
 def test_a_request_that_could_not_pay_even_at_best_does_not_probe():

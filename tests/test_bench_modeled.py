@@ -7,7 +7,7 @@ import pytest
 
 import mlx_spec
 from mlx_spec.bench import encode
-from mlx_spec.bench_modeled import compare, modeled_rate
+from mlx_spec.bench_modeled import batched_rate, compare, compare_batched, modeled_rate
 from mlx_spec.calibrate import CostCurve
 from mlx_spec.engine.loop import FixedLength
 
@@ -47,3 +47,48 @@ def test_cli_modeled_json(target_dir, drafter_dir, tmp_path):
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)["modeled"]
     assert [r["kind"] for r in rows] == ["code"] and all(0 < p["auto_over_best"] for p in rows[0]["prompts"])
+
+
+def batch_curve(b: int, draft_cost: float) -> CostCurve:
+    """A flat one-row curve; batched passes cost 1 + 0.5 per token past the first (compute-bound rows)."""
+    batch = [[rows, w, 1.0 + 0.5 * (rows * w - 1)] for rows in (2, 4) for w in range(1, b + 1)]
+    draft_batch = [[rows, k, draft_cost] for rows in (2, 4) for k in range(1, b)]
+    return CostCurve(verify=[1.0] * b, draft=[draft_cost] * (b - 1), rounds=[1.0] * b, batch=batch,
+                     draft_batch=draft_batch)
+
+
+def test_batched_rounds_are_charged_the_batched_costs(pair):
+    model, tok = pair
+    c = batch_curve(model.drafter.block_size, 0.1)
+    prompt = {"raw": "def add(a, b):"}
+    n, seconds = batched_rate(model, tok, [prompt], 2, 20, lambda: FixedLength(0), c)
+    # both rows decode the same 20 tokens (the first from the prefill, uncharged), a plain pass of 2 rows a round
+    assert n == 40 and seconds == pytest.approx(19 * c.batch_time(2, 1))
+    n, seconds = batched_rate(model, tok, [prompt], 2, 20, lambda: FixedLength(3), c)
+    rounds = seconds / (c.batch_time(2, 4) + c.draft_time(2, 3))  # every round 4 wide, both rows drafting...
+    assert n == 40 and 19 / 4 <= rounds <= 19  # ...but the last ones, narrower (the tokens still wanted)
+
+
+def test_batched_auto_stays_plain_where_wide_passes_cannot_pay(pair):
+    model, tok = pair
+    rows = compare_batched(model, tok, {"code": ["Write a Python function that adds two numbers."]},
+                           batch_curve(model.drafter.block_size, 5.0), 24, [2, 4])
+    assert [(r["kind"], r["rows"]) for r in rows] == [("code", 2), ("code", 4)]
+    for r in rows:
+        assert r["best_block"] == 1 and r["over_plain"][0] == 1.0 and max(r["over_plain"][1:]) < 1
+        assert r["auto_over_plain"] > 0.97 and r["auto_over_best"] == pytest.approx(r["auto_over_plain"])
+
+
+def test_cli_batched_view_and_its_bad_input(target_dir, drafter_dir, tmp_path):
+    env = {**__import__("os").environ, "MLX_SPEC_CACHE": str(tmp_path)}
+    base = ["mlx-spec", "bench", "--model", str(target_dir), "--drafter", str(drafter_dir), "--kinds", "code",
+            "--max-tokens", "12"]
+    for extra, said in ((["--rows", "2"], "--rows is a view of --modeled"),
+                        (["--modeled", "--rows", "two"], "--rows takes request counts")):
+        out = subprocess.run(base + extra, capture_output=True, text=True, timeout=120, env=env)
+        assert out.returncode != 0 and said in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run(base + ["--modeled", "--rows", "2", "--json"], capture_output=True, text=True, timeout=600,
+                         env=env)
+    assert out.returncode == 0, out.stderr
+    (row,) = json.loads(out.stdout)["modeled_batched"]
+    assert row["rows"] == 2 and len(row["over_plain"]) == 8 and row["auto_over_plain"] > 0

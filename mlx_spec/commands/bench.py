@@ -30,6 +30,9 @@ def add_arguments(p) -> None:
     p.add_argument("--modeled", action="store_true",
                    help="auto against every fixed block with each round charged its calibrated cost, not timed: "
                         "the controller's choices without the machine's noise (the cost model's view, not a speed)")
+    p.add_argument("--rows", default=None, metavar="N,N",
+                   help="with --modeled: also batched rounds of this many requests decoding together (as the server "
+                        "runs them), charged the calibrated batched costs, e.g. 4,8")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", default=None, help="write speedup vs block size per kind to this PNG")
     p.add_argument("--rollback", nargs="?", const="", default=None, metavar="DIR",
@@ -38,6 +41,23 @@ def add_arguments(p) -> None:
     from ..distributed.cli import add_distributed_arguments
 
     add_distributed_arguments(p)  # --distributed: under mlx.launch, plain vs speculative on the cluster
+
+
+def batch_sizes(args) -> list[int]:
+    """--rows: the batch sizes of `--modeled`'s batched view (none without it)."""
+    from ..errors import MlxSpecError
+
+    if not args.rows:
+        return []
+    if not args.modeled:
+        raise MlxSpecError("--rows is a view of --modeled: pass both")
+    try:
+        sizes = [int(b) for b in args.rows.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise MlxSpecError(f"--rows takes request counts of at least 1, e.g. 4,8; got {args.rows!r}")
+    return sizes
 
 
 def prompt_sets(args, tokenizer) -> dict[str, list]:
@@ -82,24 +102,30 @@ def run(args) -> int:
 
     rows, extra, meta = [], {}, {"mlx": mx.__version__, "device": str(mx.default_device()), **machine()}
     setups = [(m, k) for m in (args.modes or args.mode).split(",") for k in args.kernels.split(",")]
+    batch_rows = batch_sizes(args)
     for mode, kernels in setups:
         model, tok = load(args.model, drafter=args.drafter, mode=mode, dtype=args.dtype, kernels=kernels == "on",
                           kv_bits=args.kv_bits, kv_group_size=args.kv_group_size)
         if model.drafter is None:
             raise MlxSpecError("nothing to compare: no drafter for this model (pass --drafter)")
         meta.update(model=str(model.target_path), drafter=str(model.drafter_path))
-        curve = calibrated_curve(model, model.drafter.block_size)
+        curve = calibrated_curve(model, model.drafter.block_size, batch_rows=max(batch_rows, default=0))
         meta["rollback_ms"] = rollback_line(model, model.drafter.block_size)
         meta["cost_curve"] = {"verify_ratio": [round(r, 3) for r in curve.ratios()], "t1_ms": curve.verify[0] * 1e3,
                               "round_ratio": [round(r, 3) for r in curve.round_ratios()],
                               "plain_step_ms": curve.rounds[0] * 1e3 if curve.rounds else None,
                               "seconds": {"verify": curve.verify, "draft": curve.draft, "rounds": curve.rounds,
-                                          "batch": curve.batch}}
+                                          "batch": curve.batch, "draft_batch": curve.draft_batch}}
         if args.modeled:
             from ..bench_modeled import compare
 
             extra.setdefault("modeled", []).extend(dict(r, mode=mode) for r in compare(
                 model, tok, prompt_sets(args, tok), curve, args.max_tokens))
+            if batch_rows:
+                from ..bench_modeled import compare_batched
+
+                extra.setdefault("modeled_batched", []).extend(dict(r, mode=mode) for r in compare_batched(
+                    model, tok, prompt_sets(args, tok), curve, args.max_tokens, batch_rows))
             continue
         sizes = [None if b == "auto" else int(b) for b in args.block_sizes.split(",")]
         for kind, prompts in prompt_sets(args, tok).items():
@@ -113,9 +139,11 @@ def run(args) -> int:
         if args.json:
             print(json.dumps({"meta": meta, **extra}, indent=2))
         else:
-            from ..bench_modeled import show as show_modeled
+            from ..bench_modeled import show as show_modeled, show_batched
 
             show_modeled(extra["modeled"])
+            if extra.get("modeled_batched"):
+                show_batched(extra["modeled_batched"])
         return 0
     if args.vs_draft_model:
         rows += draft_model_rows(args, model, tok)
