@@ -176,9 +176,8 @@ class AdaptiveLength:
 
     @property
     def fresh(self) -> bool:
-        """Still testing the estimates it started from, its predecessors' or the prior (it has had fewer than
-        `fresh_probes` drafting rounds): a batch whose requests all started from the prior, which said
-        "plain", stayed plain to the end (4 rows of long prompts, modeled: 1.00x where 2 drafts gave 1.44x)."""
+        """Still testing the estimates it started from (it has had fewer than `fresh_probes` drafting rounds):
+        its predecessors', or, with none, the prior, which is no better tested."""
         return self.judged < self.cfg.fresh_probes
 
     def update(self, drafted: int, accepted: int, source: str | None = None) -> None:
@@ -255,8 +254,9 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     new requests, not one each). After `probe_every` (default: the controller's) batched rounds in a row
     where nobody drafted, every request drafts one token once, and the wait doubles while such probes
     find nothing (up to `max_probe_every`), as one request's does: a few unlucky first drafts (an answer's
-    first tokens are the hardest) had kept 4 rows of long prompts plain to the end, where a block of 3
-    paid 1.4x (`bench --modeled --rows 4`). No probe runs where it could not change the plan: where the requests it tests would not draft even at `hopeful` acceptance (`could_pay`).
+    first tokens are the hardest) had kept 4 rows of long prompts plain to the end, where a block of 4
+    paid 1.46x (`bench --modeled --rows 4`). No probe runs where it could not change the plan: where
+    the requests it tests would not draft even at `hopeful` acceptance (`could_pay`).
     Sets and returns each state's `k`.
     """
     adaptive = [s for s in states if isinstance(s.lengths, AdaptiveLength)]
@@ -328,10 +328,10 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
         first = probe_every or lead.cfg.probe_every
         if planned > 1:  # drafting pays again: the next stretch off starts from the shortest wait
             memory.batch_every = first
+        every = memory.batch_every or first
         memory.batch_off = memory.batch_off + 1 if width == 1 else 0
-        if memory.batch_off >= (memory.batch_every or first):  # a probe: one token each, a pass two wide
-            memory.batch_off = 0
-            memory.batch_every = min(2 * (memory.batch_every or first), lead.cfg.max_probe_every)
+        if memory.batch_off >= every:  # a probe: one token each, a pass two wide
+            memory.batch_off, memory.batch_every = 0, min(2 * every, lead.cfg.max_probe_every)
             if could_pay(adaptive):
                 width, ks = 2, {id(s): min(1, caps[id(s)]) for s in adaptive}
     drafting = fixed_drafting + sum(1 for k in ks.values() if k)
@@ -349,7 +349,7 @@ def _context(s) -> int:
     return s.lengths.context if isinstance(s.lengths, AdaptiveLength) else len(s.pc.tokens)
 
 
-def _time_batch(memory: ControllerMemory | None, rows: tuple, drafting: bool, predicted: float, follow: float,
+def _time_batch(memory: ControllerMemory | None, requests: tuple, drafting: bool, predicted: float, follow: float,
                 now: float) -> None:
     """Compare the time since the last batched round began planning with what the costs predicted for
     that round, and rescale the batch costs of that kind: only when it was of the same kind as this one
@@ -358,8 +358,8 @@ def _time_batch(memory: ControllerMemory | None, rows: tuple, drafting: bool, pr
     if memory is None:
         return
     last = memory.batch_tick
-    memory.batch_tick = (now, rows, drafting, predicted)
-    if last is None or last[1] != rows or last[2] != drafting:
+    memory.batch_tick = (now, requests, drafting, predicted)
+    if last is None or last[1] != requests or last[2] != drafting:
         return
     i, ratio = int(drafting), (now - last[0]) / last[3]
     if 0.25 < ratio / memory.batch_scale[i] < 4:  # a pause (a prefill, an idle queue) is not the round's cost

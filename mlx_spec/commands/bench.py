@@ -117,15 +117,14 @@ def run(args) -> int:
                               "seconds": {"verify": curve.verify, "draft": curve.draft, "rounds": curve.rounds,
                                           "batch": curve.batch, "draft_batch": curve.draft_batch}}
         if args.modeled:
-            from ..bench_modeled import compare
+            from ..bench_modeled import compare, compare_batched
 
+            sets = prompt_sets(args, tok)
             extra.setdefault("modeled", []).extend(dict(r, mode=mode) for r in compare(
-                model, tok, prompt_sets(args, tok), curve, args.max_tokens))
+                model, tok, sets, curve, args.max_tokens))
             if batch_rows:
-                from ..bench_modeled import compare_batched
-
                 extra.setdefault("modeled_batched", []).extend(dict(r, mode=mode) for r in compare_batched(
-                    model, tok, prompt_sets(args, tok), curve, args.max_tokens, batch_rows))
+                    model, tok, sets, curve, args.max_tokens, batch_rows))
             continue
         sizes = [None if b == "auto" else int(b) for b in args.block_sizes.split(",")]
         for kind, prompts in prompt_sets(args, tok).items():
