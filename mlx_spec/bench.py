@@ -50,7 +50,7 @@ def edit_prompts() -> list[str]:
 
 def long_context_prompt(tokenizer, n_tokens: int) -> list[dict]:
     """A long piece of code to rework, cut to about n_tokens of context."""
-    ids = tokenizer.encode(_frozen("long_code"))
+    ids = tokenizer.encode(_frozen("long_code"), verbose=False)  # (longer than the model: cut below, no warning)
     while len(ids) < n_tokens:
         ids += ids
     code = tokenizer.decode(ids[:n_tokens])

@@ -63,8 +63,8 @@ def compare(model, tokenizer, sets: dict, curve, max_tokens: int, config=None) -
 def batched_rate(model, tokenizer, prompts: list, rows: int, max_tokens: int, lengths, curve) -> tuple[int, float]:
     """(tokens, modeled seconds) of `rows` greedy generations of the prompts (cycled) decoded together, as
     the server's batched rounds run: each round charged the calibrated batched target pass over the live
-    requests' blocks padded to the widest, what their contexts add, and one drafter pass for the drafting
-    ones (what `controller.plan_batch` plans with). Prefills cost every policy the same and are not
+    requests' blocks padded to the widest and their contexts to the longest, and one drafter pass for the
+    drafting ones (what `controller.plan_batch` plans with). Prefills cost every policy the same and are not
     charged. `lengths()`: a new request's draft lengths."""
     from .generate import make_generation, step_all
 
@@ -73,11 +73,10 @@ def batched_rate(model, tokenizer, prompts: list, rows: int, max_tokens: int, le
     tokens, seconds = sum(len(g.start().tokens) for g in live), 0.0
     live = [g for g in live if not g.finished]
     while live:
-        extra = sum(curve.extra_rows(len(g.state.pc.tokens)) for g in live)
+        context = max(len(g.state.pc.tokens) for g in live)
         done = step_all(model, live)
         width, drafting = 1 + max(r.drafted for r in done), sum(1 for r in done if r.drafted)
-        seconds += (curve.batch_time(len(live), width) + curve.per_row(width - 1) * extra
-                    + curve.draft_time(drafting, width - 1))
+        seconds += curve.batch_time(len(live), width, context) + curve.draft_time(drafting, width - 1, context)
         tokens += sum(len(r.tokens) for r in done)
         live = [g for g in live if not g.finished]
     return tokens, seconds

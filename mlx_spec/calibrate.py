@@ -25,6 +25,10 @@ class CostCurve:
     rounds: list[float] = field(default_factory=list)  # seconds for a whole loop round with k = 0, 1, ... drafts
     batch: list[list[float]] = field(default_factory=list)  # [rows, width, seconds]: a batched target pass
     draft_batch: list[list[float]] = field(default_factory=list)  # [rows, k, seconds]: one drafter pass for rows
+    batch_context: int = 64  # cached tokens in every row behind `batch` and `draft_batch`
+    long_batch: list[list[float]] = field(default_factory=list)  # `batch` again (fewer widths) after...
+    long_draft_batch: list[list[float]] = field(default_factory=list)  # ...and `draft_batch`...
+    long_batch_context: int = 0  # ...this many cached tokens in every row
     context: int = 256  # cached tokens behind `verify`, `draft` and `rounds`
     long_rounds: list[float] = field(default_factory=list)  # `rounds` again, after `long_context` cached tokens
     long_context: int = 0
@@ -80,35 +84,56 @@ class CostCurve:
             return context
         return sum(min(context, s) if s else context for s in self.spans)
 
-    def batch_time(self, rows: int, width: int) -> float:
-        """Seconds of one target pass over `rows` blocks of `width` tokens each: the measured batched
-        passes, interpolated in width and rows; without them, one row of rows * width tokens."""
-        if rows == 1:
-            return _along(self.verify, width)
-        if not self.batch:
-            return _along(self.verify, rows * width)
-        return self._at("batch", self.batch, self.verify, rows, width)
+    def batch_time(self, rows: int, width: int, context: int = 0) -> float:
+        """Seconds of one target pass over `rows` blocks of `width` tokens each, after `context` cached
+        tokens in the longest row (a batch's rows are padded to it): the measured batched passes,
+        interpolated in width and rows, and their growth with the context; without them, one row of
+        rows * width tokens, each row growing as one request's rounds do."""
+        if rows > 1 and self.batch and self.long_batch:
+            t, growth = self._at("batch", rows, width)
+            return t + growth * max(0, context - self.batch_context)
+        t = self._at("batch", rows, width)[0] if rows > 1 and self.batch else _along(self.verify, rows * width)
+        return t + rows * self.per_row(width - 1) * self.extra_rows(context)
 
-    def draft_time(self, rows: int, k: int) -> float:
-        """Seconds to draft k tokens for each of `rows` requests: one batched drafter pass where those
-        were measured (a drafter that batches), else one pass per request."""
+    def draft_time(self, rows: int, k: int, context: int = 0) -> float:
+        """Seconds to draft k tokens for each of `rows` requests after `context` cached tokens (the longest
+        row's): one batched drafter pass where those were measured (a drafter that batches), else one
+        pass per request (whose growth with the context the rounds' carries)."""
         if rows <= 1 or not self.draft_batch:
             return rows * self.draft[min(k, len(self.draft)) - 1] if rows and k else 0.0
-        return self._at("draft", self.draft_batch, self.draft, rows, k)
+        t, growth = self._at("draft", rows, k)
+        return t + growth * max(0, context - self.batch_context)
 
-    def _at(self, name: str, measured: list, one_row: list, rows: int, x: int) -> float:
-        """`_grid` over measured points and the one-row times, remembered per (rows, x) until a field is
-        set again: the controller asks for the same costs many times a round."""
+    def _at(self, name: str, rows: int, x: int) -> tuple[float, float]:
+        """(seconds, growth per cached token a row) of a batched pass ("batch": the target's, x = width;
+        "draft": the drafter's, x = drafts), remembered per (rows, x) until a field is set again: the
+        controller asks for the same costs many times a round."""
         memo = self.__dict__.setdefault("_memo", {})
         if name not in memo:
-            ladder: dict[int, dict[int, float]] = {1: {i: t for i, t in enumerate(one_row, 1)}}
-            for b, w, t in measured:
-                ladder.setdefault(int(b), {})[int(w)] = t
-            memo[name] = (ladder, {})
-        ladder, seen = memo[name]
+            memo[name] = (self._ladders(name), {})
+        (times, growth), seen = memo[name]
         if (rows, x) not in seen:
-            seen[(rows, x)] = _grid(ladder, rows, x)
+            seen[(rows, x)] = (_grid(times, rows, x), max(0.0, _grid(growth, rows, x)) if growth else 0.0)
         return seen[(rows, x)]
+
+    def _ladders(self, name: str) -> tuple[dict, dict]:
+        """{rows: {x: seconds}} of the measured passes (one row: the one-request times), and {rows: {x:
+        seconds per cached token a row}} of their growth to `long_batch_context` (none at 0 rows; a long
+        measurement that came out cheaper, noise, adds nothing). Attention reads every cached row, so
+        the growth carries on in proportion; a drafter reading a window shows less of it."""
+        short, long, one_row = ((self.batch, self.long_batch, self.verify) if name == "batch"
+                                else (self.draft_batch, self.long_draft_batch, self.draft))
+        times: dict[int, dict[int, float]] = {1: {i: t for i, t in enumerate(one_row, 1)}}
+        for b, w, t in short:
+            times.setdefault(int(b), {})[int(w)] = t
+        span = self.long_batch_context - self.batch_context
+        growth: dict[int, dict[int, float]] = {}
+        for b, w, t in long if span > 0 else ():
+            if int(w) in times.get(int(b), {}):
+                growth.setdefault(int(b), {})[int(w)] = max(0.0, t - times[int(b)][int(w)]) / span
+        if growth:
+            growth[0] = {w: 0.0 for points in growth.values() for w in points}
+        return times, growth
 
     def ratios(self) -> list[float]:
         return [t / self.verify[0] for t in self.verify]
@@ -310,23 +335,30 @@ def measure_rounds(model, pcs: list, sampler, max_k: int, repeats: int) -> list[
 BATCH_WIDTHS = (1, 2, 3, 4, 6, 8)
 
 
-def measure_batch(model, rows: list[int], max_width: int, context: int = 64, repeats: int = 3) -> list[list[float]]:
-    """[rows, width, seconds] of batched target passes (each row its own cache, as the loop verifies a batch),
-    for widths up to max_width; the shapes take turns within each repetition. [] where caches cannot batch."""
-    from .engine.batch import batch_caches, can_batch
-    from .engine.cache import trim
+def batches(model) -> bool:
+    """Whether the target's requests verify together in one pass (caches that batch), or one by one."""
+    from .engine.batch import can_batch
     from .engine.rollback import batchable
     from .generate import make_prompt_cache
 
+    return batchable(model.target.model) and can_batch([make_prompt_cache(model).cache for _ in range(2)])
+
+
+def measure_batch(model, rows: list[int], max_width: int, context: int = 64, repeats: int = 3,
+                  widths: tuple = BATCH_WIDTHS, filled: dict | None = None) -> list[list[float]]:
+    """[rows, width, seconds] of batched target passes (each row its own cache, as the loop verifies a batch),
+    for `widths` up to max_width and max_width itself; the shapes take turns within each repetition. [] where
+    caches cannot batch. filled: {rows: their prompt caches}, already `filled_rows`."""
+    from .engine.batch import batch_caches
+    from .engine.cache import trim
+
     vocab = model.vocab_size
+    if not batches(model):
+        return []
     # each batch size its own rows: rows batched together stay in one slab round after round
     # (engine/slab.py), so the timed passes see the steady state, not a slab rebuilt for every shape
-    pcs = {b: [make_prompt_cache(model) for _ in range(b)] for b in rows}
-    if not can_batch([pc.cache for pc in pcs[rows[0]]]) or not batchable(model.target.model):  # verifies alone
-        return []
-    for group in pcs.values():
-        _fill_rows(model, group, [context] * len(group))
-    widths = [w for w in BATCH_WIDTHS if w <= max_width] + ([max_width] if max_width not in BATCH_WIDTHS else [])
+    pcs = filled or {b: filled_rows(model, b, context) for b in rows}
+    widths = [w for w in widths if w < max_width] + [max_width]
     shapes = [(b, w) for b in rows for w in widths]
 
     def run(b, w):
@@ -340,6 +372,15 @@ def measure_batch(model, rows: list[int], max_width: int, context: int = 64, rep
                 trim(c, w)
         return timed
     return [[b, w, t] for (b, w), t in zip(shapes, _timed([run(b, w) for b, w in shapes], repeats))]
+
+
+def filled_rows(model, n: int, context: int) -> list:
+    """n prompt caches holding contexts of about `context` tokens (of different lengths, as in a real batch)."""
+    from .generate import make_prompt_cache
+
+    pcs = [make_prompt_cache(model) for _ in range(n)]
+    _fill_rows(model, pcs, [context + 3 * r for r in range(n)])
+    return pcs
 
 
 def _fill_rows(model, pcs: list, lengths: list[int], chunk: int = 256) -> list[list[int]]:
@@ -357,21 +398,19 @@ def _fill_rows(model, pcs: list, lengths: list[int], chunk: int = 256) -> list[l
     return rows
 
 
-def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, repeats: int = 3) -> list[list[float]]:
+def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, repeats: int = 3,
+                        ks: tuple = (1, 2, 3, 5), filled: list | None = None) -> list[list[float]]:
     """[rows, k, seconds] of one drafter pass drafting k tokens for each of `rows` requests (each its own
     context; one row too, measured alike, so that more rows never look cheaper); [] for a drafter that
-    drafts one request at a time."""
+    drafts one request at a time. filled: `max(rows)` prompt caches already `filled_rows`."""
     from .engine.sampling import Sampler, SamplingParams
-    from .generate import make_prompt_cache
 
-    drafter, top = model.drafter, max(rows)
+    drafter = model.drafter
     if getattr(drafter, "propose_batch", None) is None:
         return []
-    pcs = [make_prompt_cache(model) for _ in range(top)]
-    _fill_rows(model, pcs, [context + 3 * r for r in range(top)])  # contexts of different lengths too
-    states = [pc.drafter_state() for pc in pcs]
+    states = [pc.drafter_state() for pc in filled or filled_rows(model, max(rows), context)]
     greedy = Sampler(SamplingParams(), model.vocab_size).drafting(0)
-    shapes = [(b, k) for b in [1] + rows for k in sorted({1, 2, 3, 5, max_k}) if k <= max_k]
+    shapes = [(b, k) for b in [1] + rows for k in sorted({*ks, max_k}) if k <= max_k]
 
     def run(b, k):
         return lambda: mx.eval([d.tokens for d in drafter.propose_batch(states[:b], [1] * b, [k] * b, [greedy] * b)])
@@ -408,8 +447,8 @@ def curve_key(model) -> str:
              os.environ.get("OPENBLAS_NUM_THREADS", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
              # rounds/11..: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans,
-             # dips levelled; /12: batched rows kept in slabs
-             "rounds/12"]
+             # dips levelled; /12: batched rows kept in slabs; /13: batched passes at a long context too
+             "rounds/13"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
@@ -436,11 +475,31 @@ def calibrated_curve(model, max_width: int, refresh: bool = False, batch_rows: i
     if curve is None:
         curve = measure_curve(model, max_width)
     if rows:
-        curve.batch = measure_batch(model, rows, max_width) or curve.batch
-        curve.draft_batch = measure_draft_batch(model, rows, max_width - 1)
+        measure_batches(model, curve, rows, max_width)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(curve)))
     return curve
+
+
+def measure_batches(model, curve: CostCurve, rows: list[int], max_width: int, long_context: int = 1024) -> None:
+    """Batched target and drafter passes for `rows` after `curve.batch_context` cached tokens a row, and again
+    (fewer shapes, the most rows) after `long_context`: at 8 rows of ~800 tokens a one-token pass cost twice what it did at
+    64 and a one-token draft three times, growth that one request's rounds had understated, so that
+    drafting looked cheap beside long prompts (`plan_batch` priced a 2-wide round at 1.4x a plain one; it
+    cost 2x)."""
+    if not batches(model):  # verified one by one
+        return
+    long = min(long_context, model.context_length - 2 * max_width)
+    curve.batch = measure_batch(model, rows, max_width, curve.batch_context)
+    curve.draft_batch = measure_draft_batch(model, rows, max_width - 1, curve.batch_context)
+    if long > 2 * curve.batch_context:
+        # the most rows only (the growth goes in proportion to the rows, none at 0), the target's and the
+        # drafter's passes over the same rows: filling them is most of the cost (~13 s here)
+        top = rows[-1]
+        pcs = filled_rows(model, top, long)
+        curve.long_batch = measure_batch(model, [top], max_width, long, widths=(1, 2, 4), filled={top: pcs})
+        curve.long_draft_batch = measure_draft_batch(model, [top], max_width - 1, long, ks=(1, 3), filled=pcs)
+        curve.long_batch_context = long
 
 
 def model_drafting(model):

@@ -44,7 +44,7 @@ class ControllerConfig:
     decay: float = 0.95  # per drafting round: the estimates follow the text
     probe_every: int = 16  # plain rounds before a probe; doubles while probes find nothing...
     first_probe: int = 4  # ...but a request that starts off (its predecessor's estimates) probes this soon
-    fresh_probes: int = 3  # (batched: and as often again, until it has this many drafting rounds of its own)
+    fresh_probes: int = 2  # (batched: and as often again, until it has this many drafting rounds of its own)
     max_probe_every: int = 512  # ...up to this
     hopeful: float = 0.9  # no probes where even this acceptance at every position would not pay
     margin: float = 0.05  # drafting must beat plain by this: the cost model's error
@@ -241,9 +241,9 @@ class AdaptiveLength:
 def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_every: int | None = None) -> list[int]:
     """Draft lengths for one batched verify pass, from the batch's width and each request's own acceptance.
 
-    Every block is padded to the widest, so the pass costs `curve.batch_time(rows, W)` whoever
-    drafts (plus what the rows' contexts add to a round W wide), and the drafting requests share one
-    drafter pass, `curve.draft_time(m, W-1)`: for each
+    Every block is padded to the widest and every row to the longest context C, so the pass costs
+    `curve.batch_time(rows, W, C)` whoever drafts, and the drafting requests share one drafter pass,
+    `curve.draft_time(m, W-1, C)`: for each
     width W the m requests with the most expected gain, E[tokens | W-1] - 1, draft W-1 tokens, m
     chosen for the most expected tokens per second, the others run plain in the same pass; the W
     with the most wins, and drafting must beat an all-plain pass by `margin`. Requests with fixed
@@ -272,23 +272,19 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     gains = {id(s): s.lengths.estimates() for s in adaptive}
     fixed_tokens = sum(1 + 0.5 * s.k for s in fixed)  # their yield does not depend on W
     fixed_drafting = sum(1 for s in fixed if s.k)  # they share the drafter pass too
-    extra = sum(curve.extra_rows(_context(s)) for s in states)  # what the rows' contexts add to the pass
-
-    def pass_time(width):
-        """The batched pass, plus what the rows' contexts add to a round that wide (`round_time`)."""
-        return curve.batch_time(b, width) + curve.per_row(width - 1) * extra
+    context = max(_context(s) for s in states)  # rows are padded to the longest
 
     def option(width, gains=gains, scale=scale):
         """(expected tokens per second, k per adaptive request) for a pass `width` wide."""
-        cost, tokens = pass_time(width) * scale[width > 1], fixed_tokens + len(adaptive)
+        cost, tokens = curve.batch_time(b, width, context) * scale[width > 1], fixed_tokens + len(adaptive)
         reach = [min(width - 1, caps[id(s)]) for s in adaptive]  # the drafts each request could make
         offers = [(expected_tokens(gains[id(s)], k) - 1, i) for i, (s, k) in enumerate(zip(adaptive, reach)) if k]
         offers.sort(key=lambda o: -o[0])  # the most expected gain first
-        best_rate = tokens / (cost + curve.draft_time(fixed_drafting, width - 1) * scale[1])
+        best_rate = tokens / (cost + curve.draft_time(fixed_drafting, width - 1, context) * scale[1])
         best_m, gain = 0, 0.0
         for m, (g, _) in enumerate(offers, 1):
             gain += g
-            rate = (tokens + gain) / (cost + curve.draft_time(fixed_drafting + m, width - 1) * scale[1])
+            rate = (tokens + gain) / (cost + curve.draft_time(fixed_drafting + m, width - 1, context) * scale[1])
             if rate > best_rate:
                 best_rate, best_m = rate, m
         chosen = {i for _, i in offers[:best_m]}
@@ -337,7 +333,8 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     drafting = fixed_drafting + sum(1 for k in ks.values() if k)
     if lead.clock is not None:  # (clock=None: the costs stay as calibrated, as for one request)
         _time_batch(memory, tuple(id(s) for s in states), width > 1,
-                    pass_time(width) + curve.draft_time(drafting, width - 1), follow, lead.clock())
+                    curve.batch_time(b, width, context) + curve.draft_time(drafting, width - 1, context), follow,
+                    lead.clock())
     for s in adaptive:
         s.k = ks[id(s)]
         s.lengths.skip_timing()

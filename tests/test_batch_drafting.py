@@ -110,5 +110,9 @@ def test_calibration_measures_batched_drafter_passes(target_dir, drafter_dir, tm
     curve = calibrated_curve(model, model.drafter.block_size, batch_rows=4)
     assert {int(b) for b, _, _ in curve.draft_batch} == {1, 2, 4}  # one row measured alike
     assert all(t > 0 for _, _, t in curve.draft_batch)
+    # again, the most rows (and one), after a long context in every row (the model's own length, less room
+    # for a block): what long prompts add to batched passes
+    assert curve.batch_context < curve.long_batch_context <= model.context_length
+    assert {int(b) for b, _, _ in curve.long_batch} == {4} and {int(b) for b, _, _ in curve.long_draft_batch} == {1, 4}
     again = calibrated_curve(model, model.drafter.block_size, batch_rows=4)  # cached on disk, drafts included
-    assert again.draft_batch == curve.draft_batch
+    assert again.draft_batch == curve.draft_batch and again.long_batch == curve.long_batch

@@ -106,6 +106,47 @@ def test_batch_time_interpolates_and_extrapolates():
     assert bare.batch_time(2, 1) == 1.1 and bare.batch_time(2, 3) == pytest.approx(1.5)
 
 
+
+def long_curve(growth: float) -> CostCurve:
+    """`curve(0.02)` measured again after 1,024 cached tokens a row: each pass `growth` seconds dearer per
+    row and token of its width, a drafter pass `growth` per row and draft."""
+    c = curve(0.02)
+    c.draft_batch = [[b, k, 0.1 + 0.01 * b * k] for b in (1, 2, 4, 8) for k in (1, 3, 7)]
+    c.long_batch = [[b, w, t + growth * b * w] for b, w, t in c.batch if w in (1, 2, 4, 8)]
+    c.long_draft_batch = [[b, k, t + growth * b * k] for b, k, t in c.draft_batch]
+    c.long_batch_context = 1024
+    return c
+
+
+def test_batched_passes_grow_with_the_longest_row():
+    c = long_curve(0.01)
+    assert c.batch_time(4, 2, 64) == c.batch_time(4, 2) == pytest.approx(1.14)  # at the measured context
+    assert c.batch_time(4, 2, 544) == pytest.approx(1.14 + 0.04)  # halfway to the long one: half its growth
+    assert c.batch_time(4, 2, 2944) == pytest.approx(1.14 + 0.08 * 3)  # carried on past it
+    assert c.batch_time(6, 2, 1024) - c.batch_time(6, 2) == pytest.approx(0.12)  # rows interpolated...
+    assert c.batch_time(16, 2, 1024) - c.batch_time(16, 2) == pytest.approx(0.32)  # ...and extrapolated
+    assert c.draft_time(8, 3, 1024) - c.draft_time(8, 3) == pytest.approx(0.24)
+    assert c.draft_time(4, 3, 2944) - c.draft_time(4, 3) == pytest.approx(0.36)
+    flat = long_curve(0.0)
+    flat.long_batch[0][2] -= 0.5  # a long measurement that came out cheaper (noise) adds nothing
+    assert flat.batch_time(2, 1, 2000) == flat.batch_time(2, 1)
+
+
+def test_rows_with_long_contexts_draft_only_where_the_dearer_passes_still_pay():
+    """What drafting costs beside long rows: a pass and a drafter pass over 1,500 cached tokens a row.
+    Where they grow with the width, 0.6 acceptance stops paying; where they grow alike, it still does."""
+    def rows(c, context):
+        states = [row(c, 0.6) for _ in range(8)]
+        for s in states:
+            s.lengths.context = context
+        return states
+    steep = long_curve(0.02)
+    assert all(k > 0 for k in plan_batch(rows(steep, 64)))
+    assert plan_batch(rows(steep, 1500)) == [0] * 8
+    even = long_curve(0.0)
+    even.long_batch = [[b, w, t + 0.3 * b] for b, w, t in even.long_batch]  # attention a row, whatever the width
+    assert all(k > 0 for k in plan_batch(rows(even, 1500)))
+
 REQUESTS = [("def add(a, b):", SamplingParams(), [0, 3, 1, 5, 0, 0, 2]),
             ("Hello, how are you today?", SamplingParams(temperature=0.8, top_k=20, seed=3), [4, 0, 2, 0, 5]),
             ("import os", SamplingParams(), [0, 0, 1, 4]),
@@ -221,10 +262,11 @@ def test_a_batch_turned_plain_by_unlucky_first_drafts_probes_again():
     plans = plan_rounds(new_rows(curve(0.02), ControllerMemory()), 120,
                         lambda i, k: 0 if i < 30 else k)  # rejected for a while, then accepted
     drafting = [i for i, p in enumerate(plans) if any(p)]
-    fresh = cfg.fresh_probes  # its first drafting rounds (the plan's, then a new request's probes)
-    assert drafting[:fresh] == [0, 1, 5] and all(plans[i] == [1] * 4 for i in drafting[fresh - 1 : fresh + 2])
-    # then the batch's probes, after 16, 32 and 64 plain rounds: the plan stayed plain after each of the
-    # first two (the second was accepted, not yet enough), the third lifted it
+    fresh = cfg.fresh_probes  # its first drafting rounds: the plan's two, then (past two) a new request's probes
+    assert drafting[:fresh] == [0, 1] + [1 + cfg.first_probe * j for j in range(1, fresh - 1)]
+    assert all(plans[i] == [1] * 4 for i in drafting[fresh : fresh + 3])
+    # then the batch's probes, one token each, after 16, 32 and 64 plain rounds: the plan stayed plain after
+    # each of the first two (the second was accepted, not yet enough), the third lifted it
     first, gaps = drafting[fresh - 1], [cfg.probe_every * 2**j for j in range(3)]
     assert drafting[fresh : fresh + 3] == [first + sum(gaps[: j + 1]) for j in range(3)]
     assert all(k >= 4 for k in plans[-1])  # found good again: drafting long

@@ -90,5 +90,8 @@ def test_cli_batched_view_and_its_bad_input(target_dir, drafter_dir, tmp_path):
     out = subprocess.run(base + ["--modeled", "--rows", "2", "--json"], capture_output=True, text=True, timeout=600,
                          env=env)
     assert out.returncode == 0, out.stderr
-    (row,) = json.loads(out.stdout)["modeled_batched"]
+    report = json.loads(out.stdout)
+    (row,) = report["modeled_batched"]
     assert row["rows"] == 2 and len(row["over_plain"]) == 8 and row["auto_over_plain"] > 0
+    costs = report["meta"]["cost_curve"]  # what the view charged: batched passes at two contexts
+    assert costs["long_batch_context"] > costs["batch_context"] and costs["seconds"]["long_batch"]

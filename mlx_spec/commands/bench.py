@@ -115,7 +115,9 @@ def run(args) -> int:
                               "round_ratio": [round(r, 3) for r in curve.round_ratios()],
                               "plain_step_ms": curve.rounds[0] * 1e3 if curve.rounds else None,
                               "seconds": {"verify": curve.verify, "draft": curve.draft, "rounds": curve.rounds,
-                                          "batch": curve.batch, "draft_batch": curve.draft_batch}}
+                                          "batch": curve.batch, "draft_batch": curve.draft_batch,
+                                          "long_batch": curve.long_batch, "long_draft_batch": curve.long_draft_batch},
+                              "batch_context": curve.batch_context, "long_batch_context": curve.long_batch_context}
         if args.modeled:
             from ..bench_modeled import compare, compare_batched
 
