@@ -482,11 +482,11 @@ def calibrated_curve(model, max_width: int, refresh: bool = False, batch_rows: i
 
 
 def measure_batches(model, curve: CostCurve, rows: list[int], max_width: int, long_context: int = 1024) -> None:
-    """Batched target and drafter passes for `rows` after `curve.batch_context` cached tokens a row, and again
-    (fewer shapes, the most rows) after `long_context`: at 8 rows of ~800 tokens a one-token pass cost twice what it did at
-    64 and a one-token draft three times, growth that one request's rounds had understated, so that
-    drafting looked cheap beside long prompts (`plan_batch` priced a 2-wide round at 1.4x a plain one; it
-    cost 2x)."""
+    """Batched target and drafter passes for `rows` after `curve.batch_context` cached tokens a row, and
+    again (fewer shapes, the most rows) after `long_context`: at 8 rows of ~800 tokens a one-token pass
+    cost twice what it did at 64 and a one-token draft three times, growth that one request's rounds had
+    understated, so that drafting looked cheap beside long prompts (`plan_batch` priced a 2-wide round at
+    1.4x a plain one; it cost 2x)."""
     if not batches(model):  # verified one by one
         return
     long = min(long_context, model.context_length - 2 * max_width)
