@@ -347,14 +347,12 @@ def batches(model) -> bool:
 def measure_batch(model, rows: list[int], max_width: int, context: int = 64, repeats: int = 3,
                   widths: tuple = BATCH_WIDTHS, filled: dict | None = None) -> list[list[float]]:
     """[rows, width, seconds] of batched target passes (each row its own cache, as the loop verifies a batch),
-    for `widths` up to max_width and max_width itself; the shapes take turns within each repetition. [] where
-    caches cannot batch. filled: {rows: their prompt caches}, already `filled_rows`."""
+    for `widths` up to max_width and max_width itself; the shapes take turns within each repetition. For a
+    target whose caches batch (`batches`). filled: {rows: their prompt caches}, already `filled_rows`."""
     from .engine.batch import batch_caches
     from .engine.cache import trim
 
     vocab = model.vocab_size
-    if not batches(model):
-        return []
     # each batch size its own rows: rows batched together stay in one slab round after round
     # (engine/slab.py), so the timed passes see the steady state, not a slab rebuilt for every shape
     pcs = filled or {b: filled_rows(model, b, context) for b in rows}

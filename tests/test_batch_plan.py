@@ -106,7 +106,6 @@ def test_batch_time_interpolates_and_extrapolates():
     assert bare.batch_time(2, 1) == 1.1 and bare.batch_time(2, 3) == pytest.approx(1.5)
 
 
-
 def long_curve(growth: float) -> CostCurve:
     """`curve(0.02)` measured again after 1,024 cached tokens a row: each pass `growth` seconds dearer per
     row and token of its width, a drafter pass `growth` per row and draft."""
