@@ -46,6 +46,7 @@ class ControllerConfig:
     first_probe: int = 4  # ...but a request that starts off (its predecessor's estimates) probes this soon
     fresh_probes: int = 2  # (batched: and as often again, until it has this many drafting rounds of its own)
     max_probe_every: int = 512  # ...up to this
+    explore: float = 0.01  # batched: the batch probes as often as costs this fraction of plain throughput
     hopeful: float = 0.9  # no probes where even this acceptance at every position would not pay
     margin: float = 0.05  # drafting must beat plain by this: the cost model's error
     explore_below: float = 1.0  # recent trials under which the position past the chosen length is drafted too
@@ -68,7 +69,6 @@ class ControllerMemory:
     batch_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # the same for batched rounds
     batch_tick: tuple | None = None  # (time, its requests, drafting, predicted seconds) of the last batched round
     batch_off: int = 0  # batched rounds in a row where nobody drafted (see `plan_batch`'s probes)
-    batch_every: int = 0  # ...before the next probe of the whole batch (0: the config's `probe_every`)
 
 
 class AdaptiveLength:
@@ -238,7 +238,7 @@ class AdaptiveLength:
 # ----------------------------------------------------------------------------- batched rounds
 
 
-def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_every: int | None = None) -> list[int]:
+def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1) -> list[int]:
     """Draft lengths for one batched verify pass, from the batch's width and each request's own acceptance.
 
     Every block is padded to the widest and every row to the longest context C, so the pass costs
@@ -251,12 +251,13 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
     costs (plain and drafting passes apart), as `AdaptiveLength` does for one request. A new request
     tests the estimates it started from soon (`AdaptiveLength.probe_in_batch`: one token in the pass),
     and in any pass that is wider than one token anyway (`join_probe`: one widened pass for the batch's
-    new requests, not one each). After `probe_every` (default: the controller's) batched rounds in a row
-    where nobody drafted, every request drafts one token once, and the wait doubles while such probes
-    find nothing (up to `max_probe_every`), as one request's does: a few unlucky first drafts (an answer's
-    first tokens are the hardest) had kept 4 rows of long prompts plain to the end, where a block of 4
-    paid 1.46x (`bench --modeled --rows 4`). No probe runs where it could not change the plan: where
-    the requests it tests would not draft even at `hopeful` acceptance (`could_pay`).
+    new requests, not one each). While nobody drafts, every request drafts one token now and then: as
+    often as the probes cost `explore` of the batch's throughput (a probe that nearly pays every
+    `first_probe` rounds, a dear one rarely), since a few unlucky first drafts (an answer's first tokens
+    are the hardest) leave estimates that nothing else corrects. (A wait doubling after every probe, as
+    before, left 8 rows of raw completions plain for 128 rounds at a time, where a block of 4 paid 1.20x.)
+    No probe runs where it could not change the plan: where the requests it tests would not draft even
+    at `hopeful` acceptance (`could_pay`).
     Sets and returns each state's `k`.
     """
     adaptive = [s for s in states if isinstance(s.lengths, AdaptiveLength)]
@@ -306,8 +307,14 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
         trial = {**gains, **{id(s): [s.lengths.cfg.hopeful] * s.lengths.max_k for s in hopeful}}
         return any(best(trial, [1.0, 1.0])[1][id(s)] for s in hopeful)
 
+    def probe_loss() -> float:
+        """The fraction of a plain round's throughput lost to a probe round (every request one token)."""
+        probing = [s for s in adaptive if caps[id(s)]]
+        cost = (curve.batch_time(b, 2, context) + curve.draft_time(len(probing), 1, context)) * scale[1]
+        tokens = b + sum(gains[id(s)][0] for s in probing)
+        return max(0.0, 1 - tokens / cost / (b / (curve.batch_time(b, 1, context) * scale[0])))
+
     rate, ks, width = best()
-    planned = width
     fresh = [s for s in adaptive if s.lengths.fresh and caps[id(s)]]  # what a probe would test
     probes = [s for s in adaptive if not ks[id(s)] and caps[id(s)] and s.lengths.probe_in_batch()]
     probes = probes if probes and could_pay(fresh) else []
@@ -321,13 +328,12 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1, probe_eve
             if s.lengths.join_probe():
                 ks[id(s)] = min(reach, caps[id(s)])
     if memory is not None and top > 1:
-        first = probe_every or lead.cfg.probe_every
-        if planned > 1:  # drafting pays again: the next stretch off starts from the shortest wait
-            memory.batch_every = first
-        every = memory.batch_every or first
         memory.batch_off = memory.batch_off + 1 if width == 1 else 0
-        if memory.batch_off >= every:  # a probe: one token each, a pass two wide
-            memory.batch_off, memory.batch_every = 0, min(2 * every, lead.cfg.max_probe_every)
+        # a probe (one token each) at least `first_probe` rounds apart: where one nearly pays, probing every
+        # round would be drafting on less evidence than the margin asks for
+        off = memory.batch_off
+        if width == 1 and off >= lead.cfg.first_probe and off * lead.cfg.explore >= probe_loss():
+            memory.batch_off = 0
             if could_pay(adaptive):
                 width, ks = 2, {id(s): min(1, caps[id(s)]) for s in adaptive}
     drafting = fixed_drafting + sum(1 for k in ks.values() if k)

@@ -2,6 +2,7 @@
 batch's width and each request's own acceptance, rows that do not pay running plain beside drafting rows;
 and whatever the mix, every request decodes exactly as it would alone."""
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -72,7 +73,7 @@ def test_fixed_rows_keep_their_lengths_and_remaining_tokens_cap_drafts():
 
 def test_batch_costs_follow_measured_rounds():
     memory = ControllerMemory()
-    c = curve(0.02)
+    c = curve(0.5)  # (so dear that no probe widens a pass)
     now = [100.0]
     states = [row(c, 0.0, memory, clock=lambda: now[0]) for _ in range(4)]
     for _ in range(30):  # plain passes really take twice what the curve says
@@ -81,18 +82,28 @@ def test_batch_costs_follow_measured_rounds():
     assert memory.batch_scale[0] == pytest.approx(2.0, rel=0.1) and memory.batch_scale[1] == 1.0
 
 
-def test_a_plain_batch_probes_now_and_then():
-    """After `probe_every` plain rounds every request drafts one token, then twice as long each time the
-    probe finds nothing (here: the estimates stay put, so the plan stays plain)."""
-    memory = ControllerMemory()
-    dear = curve(0.1)  # drafting at 0.6 acceptance does not pay; at the hopeful 0.9 it would
-    states = [row(dear, 0.6, memory) for _ in range(4)]
-    plans = [plan_batch(states, probe_every=10) for _ in range(80)]
-    assert [i for i, p in enumerate(plans) if p == [1] * 4] == [9, 29, 69]  # after 10, 20, 40 plain rounds
-    assert sum(p == [0] * 4 for p in plans) == 77
+def test_a_plain_batch_probes_as_often_as_costs_its_share():
+    """While nobody drafts, every request drafts one token now and then: one probe every n rounds, where
+    n is the least number of rounds over which a probe's loss (against a plain round) stays within
+    `explore` of the throughput, but at least `first_probe`. The worse the estimates, the dearer a probe
+    and the rarer."""
+    dear = curve(0.1)  # drafting at these odds does not pay (by the margin); at the hopeful 0.9 it would
+    cfg = ControllerConfig()
+    plain, gaps = 4 / dear.batch_time(4, 1), []
+    for alpha in (0.6, 0.3, 0.1):
+        memory = ControllerMemory()
+        states = [row(dear, alpha, memory) for _ in range(4)]
+        plans = [plan_batch(states) for _ in range(400)]
+        a1 = states[0].lengths.estimates()[0]  # (alpha, leaning a little on the prior)
+        loss = 1 - (4 + 4 * a1) / (dear.batch_time(4, 2) + dear.draft_time(4, 1)) / plain
+        n = max(cfg.first_probe, math.ceil(loss / cfg.explore - 1e-9))
+        assert [i for i, p in enumerate(plans) if any(p)] == list(range(n - 1, 400, n))
+        assert all(p in ([0] * 4, [1] * 4) for p in plans)
+        gaps.append(n)
+    assert gaps[0] == cfg.first_probe < gaps[1] < gaps[2] < 400
     steep = curve(0.5)  # where not even 0.9 would pay, a probe could not change the plan: none runs
-    states = [row(steep, 0.6, memory) for _ in range(4)]
-    assert all(plan_batch(states, probe_every=10) == [0] * 4 for _ in range(30))
+    states = [row(steep, 0.6, ControllerMemory()) for _ in range(4)]
+    assert all(plan_batch(states) == [0] * 4 for _ in range(30))
 
 
 def test_batch_time_interpolates_and_extrapolates():
@@ -253,22 +264,23 @@ def test_new_requests_arriving_apart_probe_in_one_widened_pass():
 
 def test_a_batch_turned_plain_by_unlucky_first_drafts_probes_again():
     """Requests draft from the prior and their first drafts are all rejected (the first tokens of an answer
-    are the hardest), so the plan turns plain. After `probe_every` plain rounds (twice as long each time a
-    probe leaves the plan plain) the whole batch drafts one token, and once drafts are accepted it drafts long.
-    (Before, such a batch probed only after 128 plain rounds: 4 rows of long prompts stayed plain to the
-    end of their answers.)"""
+    are the hardest), so the plan turns plain. The whole batch then probes, one token each, at a bounded
+    cost, and once drafts are accepted the probes come sooner and the batch drafts long again. (With a
+    wait that doubled after every probe it found the easy text after 83 rounds; before that, after 128
+    plain rounds: 4 rows of long prompts stayed plain to the end of their answers.)"""
     cfg = ControllerConfig()
     plans = plan_rounds(new_rows(curve(0.02), ControllerMemory()), 120,
                         lambda i, k: 0 if i < 30 else k)  # rejected for a while, then accepted
     drafting = [i for i, p in enumerate(plans) if any(p)]
     fresh = cfg.fresh_probes  # its first drafting rounds: the plan's two, then (past two) a new request's probes
     assert drafting[:fresh] == [0, 1] + [1 + cfg.first_probe * j for j in range(1, fresh - 1)]
-    assert all(plans[i] == [1] * 4 for i in drafting[fresh : fresh + 3])
-    # then the batch's probes, one token each, after 16, 32 and 64 plain rounds: the plan stayed plain after
-    # each of the first two (the second was accepted, not yet enough), the third lifted it
-    first, gaps = drafting[fresh - 1], [cfg.probe_every * 2**j for j in range(3)]
-    assert drafting[fresh : fresh + 3] == [first + sum(gaps[: j + 1]) for j in range(3)]
-    assert all(k >= 4 for k in plans[-1])  # found good again: drafting long
+    probes = drafting[fresh : drafting.index(next(i for i in drafting if max(plans[i]) > 1 and i > 1))]
+    assert all(plans[i] == [1] * 4 for i in probes) and len(probes) >= 3
+    gaps = [b - a for a, b in zip(drafting[fresh - 1 :], probes)]
+    assert min(gaps) >= cfg.first_probe
+    after = [i for i in probes if i >= 30]  # the probes that were accepted: the next comes sooner
+    assert after[0] < 30 + max(gaps[: len(probes) - len(after)]) and gaps[-1] < gaps[-len(after) - 1]
+    assert probes[-1] < 60 and all(k >= 4 for k in plans[-1])  # found good again: drafting long
 
 
 def test_a_request_that_could_not_pay_even_at_best_does_not_probe():

@@ -1,0 +1,78 @@
+"""Not a test: `python tests/measure_batch.py --kind raw --rows 8 --max-tokens 256` — batched decoding of the
+embedded pair in this process, as the server's rounds run it but without HTTP or prefill in the timing: `rows`
+requests of one of `bench`'s prompt kinds (cycled) decoded together, plain, with fixed blocks for every
+request, and with the controller (`plan_batch`, the clock on), taking turns `--repeats` times. Prints wall
+tokens per second over plain (medians) and, each turn, what auto drafted and the batch's cost scales (what the
+measured rounds cost over the calibrated prices: plain, drafting). `--config explore=0.02` overrides
+ControllerConfig fields. `bench --modeled --rows` is the same workload with every round priced, not timed.
+Run it with the BLAS you measure (LD_PRELOAD=.../libopenblas.so.0 OPENBLAS_NUM_THREADS=2 _MLX_SPEC_REEXEC=1).
+"""
+import argparse
+import dataclasses
+import statistics
+import time
+from types import SimpleNamespace
+
+from mlx_spec.bench import encode
+from mlx_spec.calibrate import calibrated_curve
+from mlx_spec.commands.bench import prompt_sets
+from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory
+from mlx_spec.engine.loop import FixedLength
+from mlx_spec.generate import make_generation, step_all
+from mlx_spec.loading import load
+
+
+def decode(model, tok, prompts, rows, max_tokens, lengths):
+    """(tokens per second, draft tokens, rounds) of `rows` requests decoded together, prefill not timed."""
+    live = [make_generation(model, tok, encode(tok, prompts[i % len(prompts)]), max_tokens, draft_lengths=lengths())
+            for i in range(rows)]
+    tokens = sum(len(g.start().tokens) for g in live)
+    live = [g for g in live if not g.finished]
+    start, drafted, rounds = time.perf_counter(), 0, 0
+    while live:
+        done = step_all(model, live)
+        tokens += sum(len(r.tokens) for r in done)
+        drafted, rounds = drafted + sum(r.drafted for r in done), rounds + 1
+        live = [g for g in live if not g.finished]
+    return tokens / (time.perf_counter() - start), drafted, rounds
+
+
+def config(pairs: str) -> ControllerConfig:
+    types = {f.name: type(f.default) for f in dataclasses.fields(ControllerConfig)}
+    values = dict(kv.split("=") for kv in pairs.split(",") if kv)
+    return ControllerConfig(**{k: types[k](v) for k, v in values.items()})
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kind", default="raw", help="one of bench's prompt kinds: code, chat, raw, long, ...")
+    p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--blocks", default="4", help="fixed blocks to run beside plain and auto")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--config", default="", help="ControllerConfig overrides, e.g. explore=0.02")
+    args = p.parse_args()
+    model, tok = load(None)
+    curve = calibrated_curve(model, model.drafter.block_size, batch_rows=args.rows)
+    prompts = prompt_sets(SimpleNamespace(kinds=args.kind, long_context=1024, prompts=None), tok)[args.kind]
+    top, cfg, memory = model.drafter.block_size - 1, config(args.config), ControllerMemory()
+    variants = {"plain": lambda: FixedLength(0),
+                **{f"block {b}": (lambda b=b: FixedLength(b - 1)) for b in map(int, args.blocks.split(","))},
+                "auto": lambda: AdaptiveLength(curve, top, cfg, memory=memory)}
+    decode(model, tok, prompts, args.rows, args.max_tokens, variants["auto"])  # warm-up; a server's earlier batch
+    rates = {name: [] for name in variants}
+    for _ in range(args.repeats):
+        for name, lengths in variants.items():
+            rate, drafted, rounds = decode(model, tok, prompts, args.rows, args.max_tokens, lengths)
+            rates[name].append(rate)
+            if name == "auto":
+                print(f"  auto: {drafted} draft tokens in {rounds} rounds; cost scales (plain, drafting) "
+                      f"{memory.batch_scale[0]:.2f}, {memory.batch_scale[1]:.2f}", flush=True)
+    plain = statistics.median(rates["plain"])
+    for name, r in rates.items():
+        print(f"{args.kind} x{args.rows}, {args.max_tokens} tokens, {name}: {statistics.median(r):.1f} tok/s, "
+              f"{statistics.median(r) / plain:.3f}x plain (turns: {' '.join(f'{x / plain:.2f}' for x in r)})")
+
+
+if __name__ == "__main__":
+    main()
