@@ -1,7 +1,8 @@
 """Not a test: `python tests/measure_batch.py --kind raw --rows 8 --max-tokens 256` — batched decoding of the
 embedded pair in this process, as the server's rounds run it but without HTTP or prefill in the timing: `rows`
 requests of one of `bench`'s prompt kinds (cycled) decoded together, plain, with fixed blocks for every
-request, and with the controller (`plan_batch`, the clock on), taking turns `--repeats` times. Prints wall
+request, and with the controller (`plan_batch`, the clock on), and plain without a drafter loaded (what
+`serve --no-draft` runs), taking turns `--repeats` times. Prints wall
 tokens per second over plain (medians) and, each turn, what auto drafted and the batch's cost scales (what the
 measured rounds cost over the calibrated prices: plain, drafting). `--config explore=0.02` overrides
 ControllerConfig fields. `bench --modeled --rows` is the same workload with every round priced, not timed.
@@ -55,15 +56,17 @@ def main():
     model, tok = load(None)
     curve = calibrated_curve(model, model.drafter.block_size, batch_rows=args.rows)
     prompts = prompt_sets(SimpleNamespace(kinds=args.kind, long_context=1024, prompts=None), tok)[args.kind]
+    bare, _ = load(None, drafter=None)  # what `serve --no-draft` runs: no hidden states tapped, no drafter fed
     top, cfg, memory = model.drafter.block_size - 1, config(args.config), ControllerMemory()
-    variants = {"plain": lambda: FixedLength(0),
+    variants = {"plain": lambda: FixedLength(0), "no drafter": None,
                 **{f"block {b}": (lambda b=b: FixedLength(b - 1)) for b in map(int, args.blocks.split(","))},
                 "auto": lambda: AdaptiveLength(curve, top, cfg, memory=memory)}
     decode(model, tok, prompts, args.rows, args.max_tokens, variants["auto"])  # warm-up; a server's earlier batch
     rates = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, lengths in variants.items():
-            rate, drafted, rounds = decode(model, tok, prompts, args.rows, args.max_tokens, lengths)
+            rate, drafted, rounds = decode(bare if lengths is None else model, tok, prompts, args.rows,
+                                           args.max_tokens, lengths or (lambda: FixedLength(0)))
             rates[name].append(rate)
             if name == "auto":
                 print(f"  auto: {drafted} draft tokens in {rounds} rounds; cost scales (plain, drafting) "
