@@ -1,12 +1,13 @@
 """Not a test: `python tests/measure_batch.py --kind raw --rows 8 --max-tokens 256` — batched decoding of the
 embedded pair in this process, as the server's rounds run it but without HTTP or prefill in the timing: `rows`
-requests of one of `bench`'s prompt kinds (cycled) decoded together, plain, with fixed blocks for every
-request, and with the controller (`plan_batch`, the clock on), and plain without a drafter loaded (what
-`serve --no-draft` runs), taking turns `--repeats` times. Prints wall
-tokens per second over plain (medians) and, each turn, what auto drafted and the batch's cost scales (what the
-measured rounds cost over the calibrated prices: plain, drafting). `--config explore=0.02` overrides
-ControllerConfig fields. `bench --modeled --rows` is the same workload with every round priced, not timed.
-Run it with the BLAS you measure (LD_PRELOAD=.../libopenblas.so.0 OPENBLAS_NUM_THREADS=2 _MLX_SPEC_REEXEC=1).
+requests of one of `bench`'s prompt kinds (cycled) decoded together, plain, plain without a drafter loaded
+(what `serve --no-draft` runs), fixed blocks for every request, and the controller (`plan_batch`, the clock
+on), taking turns `--repeats` times. Prints wall tokens per second over plain (medians) and, each turn, what
+auto drafted and the batch's cost scales (measured rounds over their calibrated prices: plain, drafting).
+`--per-slot 3`: each row a slot running 3 requests one after another, each joining the batch as a server's
+clients' requests do (prefill timed then). `--config explore=0.02` overrides ControllerConfig fields.
+`bench --modeled --rows` is the same workload with every round priced, not timed. Run it with the BLAS you
+measure (LD_PRELOAD=.../libopenblas.so.0 OPENBLAS_NUM_THREADS=2 _MLX_SPEC_REEXEC=1).
 """
 import argparse
 import dataclasses
@@ -23,18 +24,34 @@ from mlx_spec.generate import make_generation, step_all
 from mlx_spec.loading import load
 
 
-def decode(model, tok, prompts, rows, max_tokens, lengths):
-    """(tokens per second, draft tokens, rounds) of `rows` requests decoded together, prefill not timed."""
-    live = [make_generation(model, tok, encode(tok, prompts[i % len(prompts)]), max_tokens, draft_lengths=lengths())
-            for i in range(rows)]
-    tokens = sum(len(g.start().tokens) for g in live)
-    live = [g for g in live if not g.finished]
-    start, drafted, rounds = time.perf_counter(), 0, 0
+def decode(model, tok, prompts, rows, max_tokens, lengths, per_slot=0):
+    """(tokens per second, draft tokens, rounds) of `rows` requests decoded together, prefill not timed; with
+    `per_slot`, each row a slot running that many requests one after another, as a server's clients do
+    (a finished request's slot prefills the next, which joins the batch; prefill timed)."""
+    queue = [prompts[i % len(prompts)] for i in range(rows * max(1, per_slot))]
+    live, tokens = [], 0
+
+    def admit():
+        nonlocal tokens
+        g = make_generation(model, tok, encode(tok, queue.pop(0)), max_tokens, draft_lengths=lengths())
+        tokens += len(g.start().tokens)
+        live.extend([] if g.finished else [g])
+
+    start = time.perf_counter()
+    for _ in range(rows):
+        admit()
+    if not per_slot:
+        start = time.perf_counter()
+    drafted, rounds = 0, 0
     while live:
         done = step_all(model, live)
         tokens += sum(len(r.tokens) for r in done)
         drafted, rounds = drafted + sum(r.drafted for r in done), rounds + 1
-        live = [g for g in live if not g.finished]
+        ended = [g for g in live if g.finished]
+        live[:] = [g for g in live if not g.finished]
+        for _ in ended if per_slot else ():
+            if queue:
+                admit()
     return tokens / (time.perf_counter() - start), drafted, rounds
 
 
@@ -52,6 +69,8 @@ def main():
     p.add_argument("--blocks", default="4", help="fixed blocks to run beside plain and auto")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--config", default="", help="ControllerConfig overrides, e.g. explore=0.02")
+    p.add_argument("--per-slot", type=int, default=0,
+                   help="each row a slot running this many requests one after another (prefill timed)")
     args = p.parse_args()
     model, tok = load(None)
     curve = calibrated_curve(model, model.drafter.block_size, batch_rows=args.rows)
@@ -61,12 +80,12 @@ def main():
     variants = {"plain": lambda: FixedLength(0), "no drafter": None,
                 **{f"block {b}": (lambda b=b: FixedLength(b - 1)) for b in map(int, args.blocks.split(","))},
                 "auto": lambda: AdaptiveLength(curve, top, cfg, memory=memory)}
-    decode(model, tok, prompts, args.rows, args.max_tokens, variants["auto"])  # warm-up; a server's earlier batch
+    decode(model, tok, prompts, args.rows, args.max_tokens, variants["auto"], args.per_slot)  # warm-up; the memory
     rates = {name: [] for name in variants}
     for _ in range(args.repeats):
         for name, lengths in variants.items():
             rate, drafted, rounds = decode(bare if lengths is None else model, tok, prompts, args.rows,
-                                           args.max_tokens, lengths or (lambda: FixedLength(0)))
+                                           args.max_tokens, lengths or (lambda: FixedLength(0)), args.per_slot)
             rates[name].append(rate)
             if name == "auto":
                 print(f"  auto: {drafted} draft tokens in {rounds} rounds; cost scales (plain, drafting) "
