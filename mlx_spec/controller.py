@@ -46,7 +46,7 @@ class ControllerConfig:
     first_probe: int = 4  # ...but a request that starts off (its predecessor's estimates) probes this soon
     fresh_probes: int = 2  # (batched: and as often again, until it has this many drafting rounds of its own)
     max_probe_every: int = 512  # ...up to this
-    explore: float = 0.01  # batched: the batch probes as often as costs this fraction of plain throughput
+    probe_share: float = 0.01  # batched: the batch probes as often as costs this share of plain throughput
     hopeful: float = 0.9  # no probes where even this acceptance at every position would not pay
     margin: float = 0.05  # drafting must beat plain by this: the cost model's error
     explore_below: float = 1.0  # recent trials under which the position past the chosen length is drafted too
@@ -252,7 +252,7 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1) -> list[i
     tests the estimates it started from soon (`AdaptiveLength.probe_in_batch`: one token in the pass),
     and in any pass that is wider than one token anyway (`join_probe`: one widened pass for the batch's
     new requests, not one each). While nobody drafts, every request drafts one token now and then: as
-    often as the probes cost `explore` of the batch's throughput (a probe that nearly pays every
+    often as the probes cost `probe_share` of the batch's throughput (a probe that nearly pays every
     `first_probe` rounds, a dear one rarely), since a few unlucky first drafts (an answer's first tokens
     are the hardest) leave estimates that nothing else corrects. (A wait doubling after every probe, as
     before, left 8 rows of raw completions plain for 128 rounds at a time, where a block of 4 paid 1.20x.)
@@ -307,12 +307,15 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1) -> list[i
         trial = {**gains, **{id(s): [s.lengths.cfg.hopeful] * s.lengths.max_k for s in hopeful}}
         return any(best(trial, [1.0, 1.0])[1][id(s)] for s in hopeful)
 
+    def priced(width: int, drafting: int) -> float:
+        """Calibrated seconds of a round: the pass `width` wide and `drafting` requests' drafter pass."""
+        return curve.batch_time(b, width, context) + curve.draft_time(drafting, width - 1, context)
+
     def probe_loss() -> float:
         """The fraction of a plain round's throughput lost to a probe round (every request one token)."""
         probing = [s for s in adaptive if caps[id(s)]]
-        cost = (curve.batch_time(b, 2, context) + curve.draft_time(len(probing), 1, context)) * scale[1]
         tokens = b + sum(gains[id(s)][0] for s in probing)
-        return max(0.0, 1 - tokens / cost / (b / (curve.batch_time(b, 1, context) * scale[0])))
+        return max(0.0, 1 - tokens / (priced(2, len(probing)) * scale[1]) / (b / (priced(1, 0) * scale[0])))
 
     rate, ks, width = best()
     fresh = [s for s in adaptive if s.lengths.fresh and caps[id(s)]]  # what a probe would test
@@ -332,15 +335,13 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1) -> list[i
         # a probe (one token each) at least `first_probe` rounds apart: where one nearly pays, probing every
         # round would be drafting on less evidence than the margin asks for
         off = memory.batch_off
-        if width == 1 and off >= lead.cfg.first_probe and off * lead.cfg.explore >= probe_loss():
+        if width == 1 and off >= lead.cfg.first_probe and off * lead.cfg.probe_share >= probe_loss():
             memory.batch_off = 0
             if could_pay(adaptive):
                 width, ks = 2, {id(s): min(1, caps[id(s)]) for s in adaptive}
     drafting = fixed_drafting + sum(1 for k in ks.values() if k)
     if lead.clock is not None:  # (clock=None: the costs stay as calibrated, as for one request)
-        _time_batch(memory, tuple(id(s) for s in states), width > 1,
-                    curve.batch_time(b, width, context) + curve.draft_time(drafting, width - 1, context), follow,
-                    lead.clock())
+        _time_batch(memory, tuple(id(s) for s in states), width > 1, priced(width, drafting), follow, lead.clock())
     for s in adaptive:
         s.k = ks[id(s)]
         s.lengths.skip_timing()

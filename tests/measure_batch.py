@@ -5,7 +5,7 @@ requests of one of `bench`'s prompt kinds (cycled) decoded together, plain, plai
 on), taking turns `--repeats` times. Prints wall tokens per second over plain (medians) and, each turn, what
 auto drafted and the batch's cost scales (measured rounds over their calibrated prices: plain, drafting).
 `--per-slot 3`: each row a slot running 3 requests one after another, each joining the batch as a server's
-clients' requests do (prefill timed then). `--config explore=0.02` overrides ControllerConfig fields.
+clients' requests do (prefill timed then). `--config probe_share=0.02` overrides ControllerConfig fields.
 `bench --modeled --rows` is the same workload with every round priced, not timed. Run it with the BLAS you
 measure (LD_PRELOAD=.../libopenblas.so.0 OPENBLAS_NUM_THREADS=2 _MLX_SPEC_REEXEC=1).
 """
@@ -35,7 +35,8 @@ def decode(model, tok, prompts, rows, max_tokens, lengths, per_slot=0):
         nonlocal tokens
         g = make_generation(model, tok, encode(tok, queue.pop(0)), max_tokens, draft_lengths=lengths())
         tokens += len(g.start().tokens)
-        live.extend([] if g.finished else [g])
+        if not g.finished:
+            live.append(g)
 
     start = time.perf_counter()
     for _ in range(rows):
@@ -68,7 +69,7 @@ def main():
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--blocks", default="4", help="fixed blocks to run beside plain and auto")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--config", default="", help="ControllerConfig overrides, e.g. explore=0.02")
+    p.add_argument("--config", default="", help="ControllerConfig overrides, e.g. probe_share=0.02")
     p.add_argument("--per-slot", type=int, default=0,
                    help="each row a slot running this many requests one after another (prefill timed)")
     args = p.parse_args()

@@ -85,7 +85,7 @@ def test_batch_costs_follow_measured_rounds():
 def test_a_plain_batch_probes_as_often_as_costs_its_share():
     """While nobody drafts, every request drafts one token now and then: one probe every n rounds, where
     n is the least number of rounds over which a probe's loss (against a plain round) stays within
-    `explore` of the throughput, but at least `first_probe`. The worse the estimates, the dearer a probe
+    `probe_share` of the throughput, but at least `first_probe`. The worse the estimates, the dearer a probe
     and the rarer."""
     dear = curve(0.1)  # drafting at these odds does not pay (by the margin); at the hopeful 0.9 it would
     cfg = ControllerConfig()
@@ -96,7 +96,7 @@ def test_a_plain_batch_probes_as_often_as_costs_its_share():
         plans = [plan_batch(states) for _ in range(400)]
         a1 = states[0].lengths.estimates()[0]  # (alpha, leaning a little on the prior)
         loss = 1 - (4 + 4 * a1) / (dear.batch_time(4, 2) + dear.draft_time(4, 1)) / plain
-        n = max(cfg.first_probe, math.ceil(loss / cfg.explore - 1e-9))
+        n = max(cfg.first_probe, math.ceil(loss / cfg.probe_share - 1e-9))
         assert [i for i, p in enumerate(plans) if any(p)] == list(range(n - 1, 400, n))
         assert all(p in ([0] * 4, [1] * 4) for p in plans)
         gaps.append(n)
