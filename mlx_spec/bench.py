@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
 
+from .cpu_layout import as_stored
+
 PROMPTS = {
     "code": [
         "Write a Python function that checks whether a string is a palindrome.",
@@ -119,16 +121,18 @@ def plain_kwargs(model) -> dict:
 
 
 def run_plain(model, tokenizer, ids: list[int], max_tokens: int, **mlx_lm_kwargs) -> Sample:
-    """mlx-lm's own stream_generate on the same loaded weights: the baseline (or its draft-model mode)."""
+    """mlx-lm's own stream_generate on the same loaded weights, laid out as mlx-lm loads them: the baseline
+    (or its draft-model mode)."""
     import mlx_lm
 
-    mx.reset_peak_memory()
-    tokens, start, first, cpu = [], time.perf_counter(), None, None
-    for r in mlx_lm.stream_generate(model.model, tokenizer, mx.array(ids), max_tokens=max_tokens, **mlx_lm_kwargs):
-        first, cpu = first or time.perf_counter(), cpu or time.process_time()
-        tokens.append(r.token)
-        last = r
-    end = time.perf_counter()
+    with as_stored(model.model, model.relaid):
+        mx.reset_peak_memory()
+        tokens, start, first, cpu = [], time.perf_counter(), None, None
+        for r in mlx_lm.stream_generate(model.model, tokenizer, mx.array(ids), max_tokens=max_tokens, **mlx_lm_kwargs):
+            first, cpu = first or time.perf_counter(), cpu or time.process_time()
+            tokens.append(r.token)
+            last = r
+        end = time.perf_counter()
     if last.finish_reason == "stop":
         tokens = tokens[:-1]  # mlx-lm repeats the EOS token in its final response
     return _sample(tokens, start, first, end, cpu)

@@ -444,6 +444,7 @@ def curve_key(model) -> str:
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              os.environ.get("OPENBLAS_NUM_THREADS", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
+             f"relaid={getattr(model, 'relaid', False)}",
              # rounds/11..: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans,
              # dips levelled; /12: batched rows kept in slabs; /13: batched passes at a long context too
              "rounds/13"]

@@ -11,9 +11,10 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import cpu_layout
 from . import models as registry_pkg
 from .controller import ControllerMemory
-from .drafters import load_drafter
+from .drafters import load_drafter, model_drafter
 from .drafters.mtp import has_mtp
 from .errors import LoadError
 from .model_files import load_target, resolve, text_config
@@ -29,6 +30,7 @@ class Loaded:
     config: dict
     memory: ControllerMemory = field(default_factory=ControllerMemory)  # the controller's, across requests
     kv_cache: dict = field(default_factory=dict)  # PromptCache's kv_bits / kv_group_size (quantized KV), if set
+    relaid: bool = False  # float32 weights laid out for the CPU's bundled BLAS (cpu_layout.py)
 
     @property
     def model(self) -> nn.Module:
@@ -98,7 +100,7 @@ def base_model_name(ref: str) -> str:
 def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | None = "auto", *,
          mode: str = "auto", dtype: str | None = None, quantize: int | None = None, kernels: bool = True,
          eval_every: int | None = None, block_size: int | None = None, kv_bits: int | None = None,
-         kv_group_size: int = 64):
+         kv_group_size: int = 64, relayout: bool | None = None):
     """Load a target and its drafter: `model, tokenizer = load(target, drafter=...)`.
 
     target: local folder or Hugging Face repo id; None means the embedded default model.
@@ -116,6 +118,8 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
         None: 2 on the CPU backend (where it was measured to pay), 0 (off) elsewhere.
     kv_bits, kv_group_size: hold full-attention layers' keys and values quantized (mlx-lm's
         QuantizedKVCache) in every prompt cache made for this model; None: full precision.
+    relayout: lay float32 weights out row-major for `x @ W.T` (same values, faster products on the
+        CPU's bundled BLAS); None: where that was measured to pay (cpu_layout.py).
     """
     from .kernels import KernelConfig, patch_model, patch_recurrence
     from .target import Target
@@ -143,7 +147,19 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
         wrapped.check_taps(tokenizer.encode("def main():\n    return 0\n")[:16] or [0, 1])
         wrapped.set_taps(draft_model.tap_ids)
     kv = check_kv_cache(model, kv_bits, kv_group_size)
-    return Loaded(wrapped, draft_model, path, drafter_path, config, kv_cache=kv), tokenizer
+    relaid = lay_out(model, draft_model, relayout)
+    return Loaded(wrapped, draft_model, path, drafter_path, config, kv_cache=kv, relaid=relaid), tokenizer
+
+
+def lay_out(model: nn.Module, drafter, relayout: bool | None = None) -> bool:
+    """The target's and the drafter's float32 weights laid out for the CPU's bundled BLAS where asked
+    (None: where it pays, cpu_layout.py); whether they were."""
+    relaid = cpu_layout.pays() if relayout is None else relayout
+    if relaid:
+        inner = model_drafter(drafter)
+        own = [m for m in (inner, getattr(inner, "model", None)) if isinstance(m, nn.Module)][:1]
+        cpu_layout.relayout(model, *own)
+    return relaid
 
 
 KV_BITS, KV_GROUPS = (2, 3, 4, 5, 6, 8), (32, 64, 128)

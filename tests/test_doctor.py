@@ -28,6 +28,7 @@ def test_doctor_reports_platform_and_curve(target_dir, drafter_dir, tmp_path):
     for lc in info["long_context"]:  # prefill and verify cost at long context
         assert lc["prefill_ms_per_token"] > 0 and set(lc["verify_ms"]) == {"1", "8"} and lc["verify_ms"]["8"] > 0
     assert info["cost_curve"]["plain_step_ms"] > 0
+    assert info["relaid"] == info["blas"]["reference"]  # weights relaid for the bundled BLAS only (cpu_layout.py)
     curve = info["cost_curve"]
     assert curve["verify_ratio"][0] == 1.0 and len(curve["verify_ratio"]) == 8 and len(curve["draft_ms"]) == 7
     assert curve["round_ratio"][0] == 1.0 and len(curve["round_ratio"]) == 8 and len(curve["host_ms"]) == 7

@@ -49,6 +49,7 @@ def run(args) -> int:
         curve = calibrated_curve(model, width)
         info["model"] = str(model.target_path)
         info["drafter"] = str(model.drafter_path) if model.drafter_path else None
+        info["relaid"] = model.relaid
         info["cost_curve"] = {"t1_ms": round(curve.verify[0] * 1e3, 3), "verify_ratio": [round(r, 2) for r in curve.ratios()],
                               # a plain step runs ahead (the next pass is queued before this token is read), as
                               # generate decodes; t(1) is one synchronous pass: graph building and the wait included
@@ -86,6 +87,8 @@ def show(info: dict) -> None:
         c = info["cost_curve"]
         t.add_row("model", info["model"])
         t.add_row("drafter", str(info["drafter"]))
+        if info.get("relaid"):
+            t.add_row("weights", "float32 weights relaid row-major for x @ W.T (faster on the bundled BLAS)")
         t.add_row("t(1)", f"{c['t1_ms']} ms  (one synchronous target pass, at a 256-token context)")
         if c.get("plain_step_ms"):
             t.add_row("plain step", f"{c['plain_step_ms']} ms  (running one token ahead, as generate decodes)")

@@ -61,7 +61,7 @@ def run(args) -> int:
     evals = [prompts[i] for i in sorted(held_out)]
 
     def evaluate(drafter):
-        pair = Loaded(model.target, drafter, model.target_path, None, model.config)
+        pair = Loaded(model.target, drafter, model.target_path, None, model.config, relaid=model.relaid)
         return round(measure(pair, tok, evals, max_tokens=64)["all"].tau, 3)
 
     cfg = DrafterTrainConfig(

@@ -10,7 +10,7 @@ import mlx.core as mx
 from .. import models as registry_pkg
 from ..errors import LoadError, MlxSpecError
 from ..drafters.mtp import has_mtp
-from ..loading import Loaded, find_drafter
+from ..loading import Loaded, find_drafter, lay_out
 from ..model_files import check_safetensors, read_config, resolve, safetensors_header, text_config, weight_files
 from .drafting import SharedDrafter
 from .layout import Layout
@@ -107,8 +107,9 @@ def load_distributed(session: Session, target=None, drafter="auto", *, mode: str
     if shared is not None:
         wrapped.check_speculation()
         wrapped.set_taps(shared.tap_ids)
+    relaid = lay_out(model, shared)
     session.barrier()
-    return Loaded(wrapped, shared, path, drafter_path, config), tokenizer
+    return Loaded(wrapped, shared, path, drafter_path, config, relaid=relaid), tokenizer
 
 
 def _drafter_on_root(session: Session, load):

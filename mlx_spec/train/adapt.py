@@ -203,7 +203,8 @@ class Adaptation:
     def _pair(self, drafter):
         from ..loading import Loaded
 
-        return Loaded(self.model.target, drafter, self.model.target_path, None, self.model.config)
+        return Loaded(self.model.target, drafter, self.model.target_path, None, self.model.config,
+                      relaid=self.model.relaid)
 
     def _load_json(self, name: str):
         try:
