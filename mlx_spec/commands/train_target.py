@@ -32,17 +32,32 @@ def add_arguments(p) -> None:
                         "rerun without it to go on")
     p.add_argument("--init-from", type=Path, default=None, help="start from an exported model's weights")
     p.add_argument("--quantize-8bit", type=Path, default=None, help="also write an 8-bit copy here")
+    p.add_argument("--unlikelihood", type=Path, default=None, metavar="PROMPTS",
+                   help="fine-tune against greedy loops: each step the model answers a few of these prompts "
+                        "(JSONL, training side) and repeated 4-grams in its answers are penalised")
+    p.add_argument("--ul-weight", type=float, default=1.0, help="weight of the unlikelihood term")
+    p.add_argument("--ul-batch", type=int, default=8, help="answers per step")
+    p.add_argument("--ul-tokens", type=int, default=128, help="greedy answer length")
 
 
 def run(args) -> int:
+    from ..train.config import UnlikelihoodConfig
     from ..train.corpus import CorpusConfig
     from ..train.target import TargetTrainConfig, quantize_copy, train
 
+    unlikelihood = None
+    if args.unlikelihood is not None:
+        from ..errors import MlxSpecError
+
+        if not args.unlikelihood.exists():  # (before the corpus is built: minutes)
+            raise MlxSpecError(f"--unlikelihood {args.unlikelihood}: no such prompt file")
+        unlikelihood = UnlikelihoodConfig(prompts=args.unlikelihood, weight=args.ul_weight, batch=args.ul_batch,
+                                          tokens=args.ul_tokens)
     cfg = TargetTrainConfig(
         out=args.out, steps=args.steps, batch_size=args.batch_size, seq_len=args.seq_len, lr=args.lr,
         seed=args.seed, num_layers=args.layers, hidden_size=args.hidden, split=args.split,
         val_fraction=args.val_fraction, tokenizer_from=args.tokenizer_from, warmup=args.warmup,
-        checkpoint_every=args.checkpoint_every,
+        checkpoint_every=args.checkpoint_every, unlikelihood=unlikelihood,
         corpus=CorpusConfig(docs=args.docs, seed=args.seed, long_code_chats=args.long_code_chats,
                             long_chats=args.long_chats, held_out_fraction=args.val_fraction),
     )

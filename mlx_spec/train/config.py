@@ -36,6 +36,16 @@ class DrafterTrainConfig:
 
 
 @dataclass
+class UnlikelihoodConfig:
+    prompts: Path  # JSONL of training-side prompts (train.mix): never the evaluation's built-in set
+    weight: float = 1.0  # of the unlikelihood term next to the corpus cross-entropy
+    batch: int = 8  # answers per step
+    tokens: int = 128  # greedy answer length
+    n: int = 4  # a token in an n-gram seen earlier in the answer is a repeat
+    max_prompt: int = 384  # longer prompts are left out (their answers cost, their loops are the same)
+
+
+@dataclass
 class TargetTrainConfig:
     out: Path = Path("runs/target")
     seed: int = 0
@@ -64,6 +74,8 @@ class TargetTrainConfig:
     split: str = "order"
     tokenizer_from: Path | None = None  # reuse this model's tokenizer (keeps a drafter's vocabulary)
     corpus: CorpusConfig = field(default_factory=CorpusConfig)
+    # a fine-tune against greedy loops (train/unlikelihood.py); None: cross-entropy alone
+    unlikelihood: UnlikelihoodConfig | None = None
     # (the data is prepared once into out/data and reused on resume: its settings do not matter then)
     same_run: ClassVar[tuple] = ("seed", "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
                                  "head_dim", "intermediate_size", "seq_len", "batch_size")

@@ -70,29 +70,39 @@ def encode(tokenizer, prompt: dict) -> list[int]:
     return tokenizer.encode("\n".join(m["content"] for m in prompt["messages"]))
 
 
+def answer_batch(model, tokenizer, encoded: list[list[int]], max_tokens: int, temperature: float = 0.0,
+                 keep_eos: bool = True) -> list[list[int]]:
+    """The model's answers to encoded prompts, batched with mlx-lm, each cut at its first EOS (kept or not)."""
+    from mlx_lm.generate import batch_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    eos = set(tokenizer.eos_token_ids)
+    result = batch_generate(model, tokenizer, encoded, max_tokens=max_tokens, return_token_ids=True,
+                            sampler=make_sampler(temperature))
+    out = []
+    for answer in result.token_ids:
+        answer = list(answer)
+        cut = next((j for j, t in enumerate(answer) if t in eos), None)
+        out.append(answer if cut is None else answer[: cut + keep_eos])
+    return out
+
+
 def generate_data(model, tokenizer, prompts: list[dict], out: Path, cfg: DataConfig, progress=None) -> list[dict]:
     """Answer every prompt not yet in `out`; returns all records {id, kind, tokens, prompt_len}."""
     import mlx.core as mx
-    from mlx_lm.generate import batch_generate
-    from mlx_lm.sample_utils import make_sampler
 
     records, torn = _read_records(out)
     if torn:
         out.write_text("".join(json.dumps(r) + "\n" for r in records))
     done = {r["id"]: r for r in records}
     todo = [i for i in range(len(prompts)) if i not in done]
-    eos = set(tokenizer.eos_token_ids)
     mx.random.seed(cfg.seed)
     with out.open("a") as fh:
         for lo in range(0, len(todo), cfg.batch_size):
             ids = todo[lo : lo + cfg.batch_size]
             encoded = [encode(tokenizer, prompts[i]) for i in ids]
-            result = batch_generate(model, tokenizer, encoded, max_tokens=cfg.max_tokens, return_token_ids=True,
-                                    sampler=make_sampler(cfg.temperature))
-            for i, p, answer in zip(ids, encoded, result.token_ids):
-                answer = list(answer)
-                cut = next((j for j, t in enumerate(answer) if t in eos), None)
-                answer = answer[: cut + 1] if cut is not None else answer
+            answers = answer_batch(model, tokenizer, encoded, cfg.max_tokens, cfg.temperature)
+            for i, p, answer in zip(ids, encoded, answers):
                 record = {"id": i, "kind": prompts[i].get("kind", "text"), "tokens": p + answer, "prompt_len": len(p)}
                 fh.write(json.dumps(record) + "\n")
                 done[i] = record

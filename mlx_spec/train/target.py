@@ -22,6 +22,7 @@ from . import corpus
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TargetTrainConfig
 from .tokenizer import ENDOFTEXT, IM_END, render_chat, save_tokenizer, train_tokenizer
+from .unlikelihood import Rollouts, unlikelihood_loss
 
 
 # ----------------------------------------------------------------------------- data
@@ -133,14 +134,22 @@ def train(cfg: TargetTrainConfig, init_from: Path | None = None, until: int | No
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
 
     state = [model.state, optimizer.state]
+    rollouts = _rollouts(cfg, tok_dir)
+    ul_weight = cfg.unlikelihood.weight if rollouts is not None else 0.0
 
-    def _step(tokens):
-        (loss, acc), grads = nn.value_and_grad(model, loss_fn)(model, tokens)
+    def _step(tokens, *rollout):
+        def objective(model):
+            loss, acc = loss_fn(model, tokens)
+            ul = unlikelihood_loss(model, *rollout) if rollout else mx.zeros(())
+            return loss + ul_weight * ul, loss, acc, ul
+
+        (_, loss, acc, ul), grads = nn.value_and_grad(model, objective)(model)
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         optimizer.update(model, grads)
-        return loss, acc
+        return loss, acc, ul
 
-    step_fn = mx.compile(_step, inputs=state, outputs=state)
+    # (the rollouts' shapes change every step: compiling would trace each one anew)
+    step_fn = mx.compile(_step, inputs=state, outputs=state) if rollouts is None else _step
     log_file = (cfg.out / "log.jsonl").open("a")
     tokens_per_step = cfg.batch_size * cfg.seq_len
     columns = [TextColumn("step {task.completed}/{task.total}"), BarColumn(), TextColumn("{task.fields[info]}"), TimeRemainingColumn()]
@@ -148,13 +157,18 @@ def train(cfg: TargetTrainConfig, init_from: Path | None = None, until: int | No
         task = bar.add_task("train", total=cfg.steps, completed=start, info=f"{n_params/1e6:.1f}M params")
         t0, ema = time.perf_counter(), None
         for step in range(start, min(cfg.steps, until) if until is not None else cfg.steps):
-            loss, acc = step_fn(batch_at(train_ids, cfg.seed, step, cfg.batch_size, cfg.seq_len))
-            mx.eval(loss, acc, state)
+            rollout, repeats = (), None
+            if rollouts is not None:
+                *rollout, repeats = rollouts.batch(model, step)
+            loss, acc, ul = step_fn(batch_at(train_ids, cfg.seed, step, cfg.batch_size, cfg.seq_len), *rollout)
+            mx.eval(loss, acc, ul, state)
             loss = loss.item()
             ema = loss if ema is None else 0.95 * ema + 0.05 * loss
             dt, t0 = time.perf_counter() - t0, time.perf_counter()
             record = {"step": step + 1, "loss": round(loss, 4), "acc": round(acc.item(), 4),
                       "lr": float(optimizer.learning_rate), "tok_s": round(tokens_per_step / dt)}
+            if repeats is not None:  # the share of the model's own answer tokens in a repeated 4-gram
+                record["ul"], record["repeats"] = round(ul.item(), 4), round(repeats, 4)
             if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
                 record["val_loss"], record["val_acc"] = (round(x, 4) for x in evaluate(model, val_ids, cfg))
             if (step + 1) % cfg.checkpoint_every == 0 or step + 1 in (cfg.steps, until):
@@ -162,10 +176,19 @@ def train(cfg: TargetTrainConfig, init_from: Path | None = None, until: int | No
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
             info = f"loss {ema:.3f}" + (f" val {record['val_loss']:.3f}" if "val_loss" in record else "")
+            info += f" repeats {repeats:.2f}" if repeats is not None else ""
             bar.update(task, completed=step + 1, info=f"{info} {record['tok_s']} tok/s")
     if until is not None and until < cfg.steps:
         return None
     return export(model, cfg, tok_dir, cfg.out / "model")
+
+
+def _rollouts(cfg: TargetTrainConfig, tok_dir: Path) -> Rollouts | None:
+    if cfg.unlikelihood is None:
+        return None
+    from mlx_lm.utils import load_tokenizer
+
+    return Rollouts(cfg.unlikelihood, load_tokenizer(tok_dir), cfg.seed)
 
 
 def export(model, cfg: TargetTrainConfig, tok_dir: Path, out: Path) -> Path:

@@ -22,21 +22,12 @@ def distinct_ngrams(tokens: list[int], n: int = 4) -> float | None:
 
 def answers(model, tokenizer, prompts: list[dict], max_tokens: int = 256, batch_size: int = 16) -> list[list[int]]:
     """Greedy answers (EOS cut), batched with mlx-lm."""
-    from mlx_lm.generate import batch_generate
-    from mlx_lm.sample_utils import make_sampler
+    from .data import answer_batch, encode
 
-    from .data import encode
-
-    eos = set(tokenizer.eos_token_ids)
     out = []
     for lo in range(0, len(prompts), batch_size):
         encoded = [encode(tokenizer, p) for p in prompts[lo : lo + batch_size]]
-        result = batch_generate(model, tokenizer, encoded, max_tokens=max_tokens, return_token_ids=True,
-                                sampler=make_sampler(0.0))
-        for answer in result.token_ids:
-            answer = list(answer)
-            cut = next((j for j, t in enumerate(answer) if t in eos), None)
-            out.append(answer[:cut] if cut is not None else answer)
+        out += answer_batch(model, tokenizer, encoded, max_tokens, keep_eos=False)
     return out
 
 
