@@ -457,10 +457,13 @@ def cache_dir() -> Path:
 
 def calibrated_curve(model, max_width: int, refresh: bool = False, batch_rows: int = 0) -> CostCurve:
     """The cost curve for this model on this machine, measured once and cached. batch_rows: also
-    batched passes of up to that many rows (2, 4, 8, ... rows; what a server's batched rounds cost)."""
+    batched passes of up to that many rows (2, 4, 8, ... rows; what a server's batched rounds cost).
+    refresh: measure again (a curve measured while another job held the CPU misprices every round)."""
     path = cache_dir() / "curves" / f"{curve_key(model)}.json"
     model = model_drafting(model)
     curve = None
+    if path.exists() and refresh:  # measured anew, the batched rows a server had measured included
+        batch_rows = max([batch_rows] + [int(b) for b, _, _ in json.loads(path.read_text()).get("batch", [])])
     if path.exists() and not refresh:
         curve = CostCurve(**json.loads(path.read_text()))
         if len(curve.verify) < max_width or len(curve.rounds) < min(max_width, len(curve.draft) + 1):

@@ -36,6 +36,26 @@ def test_doctor_reports_platform_and_curve(target_dir, drafter_dir, tmp_path):
     assert all(0 <= k <= 7 for k in info["chosen_length"].values())
 
 
+def test_recalibrate_replaces_a_mismeasured_curve(target_dir, drafter_dir, tmp_path):
+    """A curve measured while the CPU was busy stays cached until `doctor --recalibrate` measures it again,
+    batched rows (a server's) included."""
+    args = ("--model", str(target_dir), "--drafter", str(drafter_dir), "--long-context", "")
+    first = doctor(*args, MLX_SPEC_CACHE=str(tmp_path))["cost_curve"]["t1_ms"]
+    [path] = (tmp_path / "curves").glob("*.json")
+    curve = json.loads(path.read_text())
+    curve["verify"] = [t * 100 for t in curve["verify"]]  # as if another job had held the CPU
+    curve["batch"] = [[2, 1, 1.0], [2, 2, 1.0]]
+    path.write_text(json.dumps(curve))
+    assert doctor(*args, MLX_SPEC_CACHE=str(tmp_path))["cost_curve"]["t1_ms"] > 50 * first  # cached as it is
+    again = doctor(*args, "--recalibrate", MLX_SPEC_CACHE=str(tmp_path))["cost_curve"]
+    assert again["t1_ms"] < 10 * first
+    assert {b for b, _, _ in again["batch_ms"]} == {2} and all(t < 1000 for _, _, t in again["batch_ms"])
+    assert json.loads(path.read_text())["verify"][0] * 1e3 == pytest.approx(again["t1_ms"], rel=1e-3)
+    out = subprocess.run(["mlx-spec", "doctor", "--no-curve", "--recalibrate"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode != 0 and "--recalibrate measures the cost curve" in out.stderr
+
+
 def test_in_process_blas_detection():
     info = blas_info()
     if sys.platform == "linux" and not os.environ.get("LD_PRELOAD"):

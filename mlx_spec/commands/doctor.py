@@ -13,6 +13,9 @@ from ..options import add_model_arguments
 def add_arguments(p) -> None:
     add_model_arguments(p)
     p.add_argument("--no-curve", action="store_true", help="skip measuring the cost curve")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="measure the cost curve again and replace the cached one (measure on a quiet machine: "
+                        "the controller prices every round from it), batched rows included")
     p.add_argument("--long-context", default="1024,2048", metavar="TOKENS",
                    help="contexts at which to measure prefill and verify cost ('' to skip)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -42,11 +45,15 @@ def run(args) -> int:
     from ..controller import best_length
     from ..options import load_from
 
+    if args.recalibrate and args.no_curve:
+        from ..errors import MlxSpecError
+
+        raise MlxSpecError("--recalibrate measures the cost curve: drop --no-curve")
     info = facts()
     if not args.no_curve:
         model, _ = load_from(args)
         width = args.block_size or (model.drafter.block_size if model.drafter else 8)
-        curve = calibrated_curve(model, width)
+        curve = calibrated_curve(model, width, refresh=args.recalibrate)
         info["model"] = str(model.target_path)
         info["drafter"] = str(model.drafter_path) if model.drafter_path else None
         info["relaid"] = model.relaid
