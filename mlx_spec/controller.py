@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .calibrate import CostCurve
+from .curve import CostCurve
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:

@@ -10,7 +10,8 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 
 import mlx_spec
-from mlx_spec.calibrate import CostCurve, cache_dir, curve_key
+from mlx_spec.calibrate import cache_dir, curve_key
+from mlx_spec.curve import CostCurve
 from mlx_spec.cli import main
 from mlx_spec.engine.sampling import SamplingParams
 from test_lossless_greedy import PROMPTS, spec

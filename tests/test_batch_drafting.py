@@ -9,7 +9,8 @@ import pytest
 
 import factory
 import mlx_spec
-from mlx_spec.calibrate import CostCurve, calibrated_curve
+from mlx_spec.calibrate import calibrated_curve
+from mlx_spec.curve import CostCurve
 from mlx_spec.drafters import model_drafter
 from mlx_spec.engine import loop
 from mlx_spec.engine.sampling import Sampler, SamplingParams

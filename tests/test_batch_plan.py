@@ -9,7 +9,7 @@ import pytest
 
 import factory
 import mlx_spec
-from mlx_spec.calibrate import CostCurve
+from mlx_spec.curve import CostCurve
 from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory, plan_batch
 from mlx_spec.engine.loop import FixedLength
 from mlx_spec.engine.sampling import Sampler, SamplingParams

@@ -8,7 +8,7 @@ import pytest
 import mlx_spec
 from mlx_spec.bench import encode
 from mlx_spec.bench_modeled import batched_rate, compare, compare_batched, modeled_rate
-from mlx_spec.calibrate import CostCurve
+from mlx_spec.curve import CostCurve
 from mlx_spec.engine.loop import FixedLength
 
 

@@ -5,7 +5,8 @@ import pytest
 import archs
 import factory
 import mlx_spec
-from mlx_spec.calibrate import CostCurve, calibrated_curve, level_dips, measure_curve, monotone, straight_growth
+from mlx_spec.calibrate import calibrated_curve, level_dips, measure_curve, monotone, straight_growth
+from mlx_spec.curve import CostCurve
 from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory, best_length, expected_tokens
 
 FLAT = CostCurve(verify=[1.0, 1.02, 1.05, 1.07, 1.1, 1.15, 1.2, 1.25, 1.3], draft=[0.05] * 8)  # Apple-like

@@ -13,7 +13,7 @@ from mlx_spec.app.chat.markdown import MarkdownLines, inline
 from mlx_spec.app.chat.render import Output, ReplyWriter, printable, screen_rows
 from mlx_spec.app.chat.stats import Turn, estimate_speedup, report, stats_line
 from mlx_spec.app.chat.worker import Worker
-from mlx_spec.calibrate import CostCurve
+from mlx_spec.curve import CostCurve
 from mlx_spec.generate import SpecStats
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

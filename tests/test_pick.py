@@ -144,7 +144,7 @@ def test_the_controller_plans_each_source_from_its_own_rounds():
     """Lookup's fully accepted runs must not have the model drafter drafting long blocks it rarely gets
     right, nor the model's misses keep lookup short: each round is planned from the estimates of the
     source that drafted the last one."""
-    from mlx_spec.calibrate import CostCurve
+    from mlx_spec.curve import CostCurve
     from mlx_spec.controller import AdaptiveLength
 
     lengths = AdaptiveLength(CostCurve(verify=[1.0 + 0.05 * m for m in range(8)], draft=[0.1] * 7), 7, clock=None)
@@ -183,7 +183,7 @@ def test_lookup_is_expected_before_the_anchor_is_read(target_dir, drafter_dir):
 def test_the_next_request_starts_from_the_source_that_drafted_last():
     """The model's misses on raw text (where lookup drafted the rest) must not leave the requests after it
     plain: they start from the estimates of whichever source drafted last."""
-    from mlx_spec.calibrate import CostCurve
+    from mlx_spec.curve import CostCurve
     from mlx_spec.controller import AdaptiveLength, ControllerMemory
 
     curve = CostCurve(verify=[1.0 + 0.3 * m for m in range(8)], draft=[0.3] * 7)  # drafting pays at high acceptance

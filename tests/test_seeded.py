@@ -4,7 +4,7 @@ lengths, the cost curve the controller was given, the drafting mode, or a batch.
 import pytest
 
 import mlx_spec
-from mlx_spec.calibrate import CostCurve
+from mlx_spec.curve import CostCurve
 from mlx_spec.controller import AdaptiveLength
 from mlx_spec.engine.loop import FixedLength
 from mlx_spec.models import DEFAULT_DRAFTER, DEFAULT_TARGET

@@ -320,3 +320,29 @@ def test_target_training_resumes_exactly(fake_sources, tmp_path):
     assert train(cfg(tmp_path / "d"), until=1) is None
     with pytest.raises(MlxSpecError, match="another run.*batch_size"):  # the run's batches would change
         train(dataclasses.replace(cfg(tmp_path / "d"), batch_size=2))
+
+
+def test_init_from_takes_a_model_or_a_checkpoint(fake_sources, tmp_path, capsys):
+    """`--init-from` continues from a run's checkpoint as from an exported model (the shipped target's
+    heal stage starts from the unlikelihood run's step-10 checkpoint); anything else is refused before
+    the corpus is built."""
+    from mlx_spec.cli import main
+    from mlx_spec.train.target import train
+
+    tok_src = Path(mlx_spec.__file__).parent / "models" / "default" / "target"
+
+    def cfg(out, **kw):
+        return TargetTrainConfig(out=out, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
+                                 intermediate_size=64, seq_len=64, batch_size=1, steps=2, warmup=1, eval_every=100,
+                                 eval_batches=1, checkpoint_every=100, split="source", val_fraction=0.25,
+                                 tokenizer_from=tok_src, corpus=fake_sources, **kw)
+
+    assert train(cfg(tmp_path / "a"), until=1) is None
+    started = train(cfg(tmp_path / "b", lr=0.0, seed=1), init_from=tmp_path / "a/checkpoint")  # lr 0: unchanged
+    a, b = mx.load(str(tmp_path / "a/checkpoint/weights.safetensors")), mx.load(str(started / "model.safetensors"))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+    again = train(cfg(tmp_path / "c", lr=0.0, seed=1), init_from=started)
+    assert all(mx.array_equal(a[k], mx.load(str(again / "model.safetensors"))[k]).item() for k in a)
+
+    assert main(["train-target", "--out", str(tmp_path / "d"), "--init-from", str(tmp_path / "nope")]) == 2
+    assert "neither an exported model" in capsys.readouterr().err and not (tmp_path / "d").exists()

@@ -30,7 +30,7 @@ def add_arguments(p) -> None:
     p.add_argument("--until", type=steps, default=None,
                    help="stop after this many steps, short of --steps (checkpointed, nothing exported; 0: the data only); "
                         "rerun without it to go on")
-    p.add_argument("--init-from", type=Path, default=None, help="start from an exported model's weights")
+    p.add_argument("--init-from", type=Path, default=None, help="start from an exported model's weights, or a run's checkpoint folder")
     p.add_argument("--quantize-8bit", type=Path, default=None, help="also write an 8-bit copy here")
     p.add_argument("--unlikelihood", type=Path, default=None, metavar="PROMPTS",
                    help="fine-tune against greedy loops: each step the model answers a few of these prompts "

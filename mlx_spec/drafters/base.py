@@ -44,7 +44,7 @@ class Drafter(Protocol):
     # Optional: `observe_batch(states, hidden [B, n, taps*H], tokens)`, several requests' new rows at once,
     # request b's first len(tokens[b]) rows of hidden[b] (the rest padding): what `observe` does for each.
     # Optional: `context_spans(state) -> list[int]`, the most context rows each of its attention layers
-    # reads (0: all of them), for the cost curve's growth with the context (calibrate.CostCurve.spans).
+    # reads (0: all of them), for the cost curve's growth with the context (curve.CostCurve.spans).
 
 
 def propose_all(drafter, states: list, anchors: list[int], ks: list[int], samplings: list) -> list[Draft]:

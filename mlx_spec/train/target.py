@@ -18,6 +18,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models import qwen3
 
+from ..errors import MlxSpecError
 from . import corpus
 from .checkpoint import load_checkpoint, save_checkpoint
 from .config import TargetTrainConfig
@@ -117,6 +118,7 @@ def train(cfg: TargetTrainConfig, init_from: Path | None = None, until: int | No
     step with a checkpoint and export nothing (None returned) — a time-boxed slice of a long run."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+    init = init_weights(init_from) if init_from is not None else None  # (before the corpus: minutes)
     cfg.out.mkdir(parents=True, exist_ok=True)
     train_ids, val_ids = prepare_data(cfg)
     tok_dir = cfg.out / "data" / "tokenizer"
@@ -128,8 +130,8 @@ def train(cfg: TargetTrainConfig, init_from: Path | None = None, until: int | No
     start = 0
     if ckpt.exists():
         start = load_checkpoint(ckpt, model, optimizer, cfg)
-    elif init_from is not None:
-        model.load_weights(str(init_from / "model.safetensors"))
+    elif init is not None:
+        model.load_weights(str(init))
     mx.eval(model.parameters())
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
 
@@ -181,6 +183,16 @@ def train(cfg: TargetTrainConfig, init_from: Path | None = None, until: int | No
     if until is not None and until < cfg.steps:
         return None
     return export(model, cfg, tok_dir, cfg.out / "model")
+
+
+def init_weights(path: Path) -> Path:
+    """The weights `--init-from` names: an exported model's, or a run's checkpoint's (one stage of a
+    recipe continued from another's step without exporting it)."""
+    for name in ("model.safetensors", "weights.safetensors"):
+        if (path / name).is_file():
+            return path / name
+    raise MlxSpecError(f"--init-from {path}: neither an exported model (model.safetensors) nor a run's "
+                       "checkpoint (weights.safetensors)")
 
 
 def _rollouts(cfg: TargetTrainConfig, tok_dir: Path) -> Rollouts | None:
