@@ -30,7 +30,8 @@ DENSE = {"block_size": 8, "cases": [
     {"name": "plain", "prompts": ["def add(a, b):"], "max_tokens": 12, "speculative": False},  # runs one token ahead
 ]}
 LOOKUP = {"mode": "lookup", "block_size": 6, "cases": [
-    {"name": "lookup", "prompts": ["for i in range(10):\n    print(i)\nfor i in range(10):\n"], "max_tokens": 24}]}
+    # (a prompt whose continuation the embedded target copies from it: lookup's drafts are accepted)
+    {"name": "lookup", "prompts": ["import os\nimport os\nimport os\nimport"], "max_tokens": 24}]}
 REPEAT = "Hello, how are you today? Hello, how are you today? Hello,"
 
 

@@ -81,12 +81,13 @@ def test_chat_across_ranks_as_one_process_then_a_killed_follower_is_a_clear_mess
     t = terminal(*ARGS, "-n", "2", "--rank-timeout", "10")
     t.wait("block size 8, 2 ranks", timeout=120, what="the banner")
     assert sorted(ranks_of(tmp_path)) == [0, 1]
-    t.send("hello")
+    first = t.send("hello")
     second = t.send("tell me more")
-    assert int(re.search(r"\((\d+) cached\)", second).group(1)) > 20  # every rank reused its cache
+    # every rank reused its cache: the whole first turn (its prompt at least) comes from it
+    assert int(re.search(r"\((\d+) cached\)", second).group(1)) >= int(re.search(r"prompt (\d+)", first).group(1))
     t.send("/regen")
     t.send("/set max_tokens 400")
-    long = "write a long python module with many functions"  # the embedded model's reply runs to 400 tokens
+    long = "Write a Python function `add(a, b)` that returns the sum of a and b."  # the reply runs to 400 tokens
     t.type(long)  # (a short one can end before the Ctrl-C on a quiet machine)
     t.wait(lambda s: s.rstrip().partition(f">>> {long}\n")[2].strip(), what="the reply to start")
     t.keys("C-c")  # stops every rank after the same round
