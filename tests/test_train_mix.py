@@ -291,6 +291,16 @@ def test_eval_target_cli(tmp_path, capsys, target_dir):
     assert 0 < out["repetition"]["all"]["distinct4"] <= 1
 
 
+def tiny_run(out: Path, corpus, **settings) -> TargetTrainConfig:
+    """A target run small enough to train in a test: one layer, 64-token windows, two steps, the embedded
+    tokenizer, a 25% held-out split by source."""
+    defaults = dict(hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16, intermediate_size=64,
+                    seq_len=64, batch_size=1, steps=2, warmup=1, eval_every=100, eval_batches=1,
+                    checkpoint_every=100, split="source", val_fraction=0.25,
+                    tokenizer_from=Path(mlx_spec.__file__).parent / "models" / "default" / "target")
+    return TargetTrainConfig(out=out, corpus=corpus, **{**defaults, **settings})
+
+
 def test_target_training_resumes_exactly(fake_sources, tmp_path):
     """A run stopped with `until` and resumed ends with the same weights as a straight run (the batch at
     step s depends only on seed and s; the optimizer state is checkpointed)."""
@@ -298,13 +308,8 @@ def test_target_training_resumes_exactly(fake_sources, tmp_path):
     from mlx_spec.train.checkpoint import stopped
     from mlx_spec.train.target import train
 
-    tok_src = Path(mlx_spec.__file__).parent / "models" / "default" / "target"
-
     def cfg(out):
-        return TargetTrainConfig(out=out, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-                                 intermediate_size=64, seq_len=96, batch_size=1, steps=4, warmup=1, eval_every=2,
-                                 eval_batches=1, checkpoint_every=100, split="source", val_fraction=0.25,
-                                 tokenizer_from=tok_src, corpus=fake_sources)
+        return tiny_run(out, fake_sources, seq_len=96, steps=4, eval_every=2)
 
     straight = train(cfg(tmp_path / "a"))
     assert train(cfg(tmp_path / "b"), until=2) is None
@@ -329,19 +334,12 @@ def test_init_from_takes_a_model_or_a_checkpoint(fake_sources, tmp_path, capsys)
     from mlx_spec.cli import main
     from mlx_spec.train.target import train
 
-    tok_src = Path(mlx_spec.__file__).parent / "models" / "default" / "target"
-
-    def cfg(out, **kw):
-        return TargetTrainConfig(out=out, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-                                 intermediate_size=64, seq_len=64, batch_size=1, steps=2, warmup=1, eval_every=100,
-                                 eval_batches=1, checkpoint_every=100, split="source", val_fraction=0.25,
-                                 tokenizer_from=tok_src, corpus=fake_sources, **kw)
-
-    assert train(cfg(tmp_path / "a"), until=1) is None
-    started = train(cfg(tmp_path / "b", lr=0.0, seed=1), init_from=tmp_path / "a/checkpoint")  # lr 0: unchanged
+    assert train(tiny_run(tmp_path / "a", fake_sources), until=1) is None
+    started = train(tiny_run(tmp_path / "b", fake_sources, lr=0.0, seed=1),  # lr 0: the weights stay as loaded
+                    init_from=tmp_path / "a/checkpoint")
     a, b = mx.load(str(tmp_path / "a/checkpoint/weights.safetensors")), mx.load(str(started / "model.safetensors"))
     assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
-    again = train(cfg(tmp_path / "c", lr=0.0, seed=1), init_from=started)
+    again = train(tiny_run(tmp_path / "c", fake_sources, lr=0.0, seed=1), init_from=started)
     assert all(mx.array_equal(a[k], mx.load(str(again / "model.safetensors"))[k]).item() for k in a)
 
     assert main(["train-target", "--out", str(tmp_path / "d"), "--init-from", str(tmp_path / "nope")]) == 2

@@ -3,7 +3,6 @@ what the loss does to them, and the trainer running it (resumable, logged, refus
 
 import dataclasses
 import json
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -12,12 +11,10 @@ import pytest
 from mlx_lm import load
 
 import mlx_spec
-from mlx_spec.train.config import TargetTrainConfig, UnlikelihoodConfig
+from mlx_spec.train.config import UnlikelihoodConfig
 from mlx_spec.train.unlikelihood import Rollouts, repeated_ngrams, unlikelihood_loss
 
-from test_train_mix import fake_sources  # noqa: F401  (the fixture)
-
-TOKENIZER = Path(mlx_spec.__file__).parent / "models" / "default" / "target"
+from test_train_mix import fake_sources, tiny_run  # noqa: F401  (the fixture)
 
 
 def test_repeated_ngrams_marks_every_token_of_a_repeat():
@@ -83,11 +80,8 @@ def test_trainer_fine_tunes_with_unlikelihood_and_resumes_exactly(fake_sources, 
     prompts.write_text("".join(json.dumps({"prompt": f"say {i}", "kind": "chat"}) + "\n" for i in range(6)))
 
     def cfg(out):
-        return TargetTrainConfig(out=out, hidden_size=32, num_layers=1, num_heads=2, num_kv_heads=1, head_dim=16,
-                                 intermediate_size=64, seq_len=64, batch_size=1, steps=3, warmup=1, eval_every=100,
-                                 eval_batches=1, checkpoint_every=100, split="source", val_fraction=0.25,
-                                 tokenizer_from=TOKENIZER, corpus=fake_sources,
-                                 unlikelihood=UnlikelihoodConfig(prompts=prompts, batch=2, tokens=16))
+        return tiny_run(out, fake_sources, steps=3,
+                        unlikelihood=UnlikelihoodConfig(prompts=prompts, batch=2, tokens=16))
 
     straight = train(cfg(tmp_path / "a"))
     log = [json.loads(line) for line in (tmp_path / "a/log.jsonl").read_text().splitlines()]
