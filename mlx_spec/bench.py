@@ -61,7 +61,8 @@ def long_context_prompt(tokenizer, n_tokens: int) -> list[dict]:
 
 def raw_prompts() -> list[dict]:
     """Raw code continuations, no chat template (what /v1/completions and notebooks send): the first third
-    of a few standard-library functions, to be completed."""
+    of a few standard-library functions, to be completed. Each stops at its last line's last character: the
+    tokenizer merges a newline with the next line's indentation, so a bare trailing newline reads as a block's end."""
     import inspect
     import json
     import statistics
@@ -75,8 +76,8 @@ def raw_prompts() -> list[dict]:
             lines = inspect.getsource(fn).splitlines(keepends=True)
         except (OSError, TypeError):  # a Python installed without its sources
             continue
-        out.append({"raw": "".join(lines[: max(4, len(lines) // 3)])})
-    return out or [{"raw": "def add(a, b):\n    "}]
+        out.append({"raw": "".join(lines[: max(4, len(lines) // 3)]).rstrip("\n")})
+    return out or [{"raw": "def add(a, b):"}]
 
 
 def long_chat_prompt(tokenizer, n_tokens: int) -> list[dict]:
@@ -84,7 +85,7 @@ def long_chat_prompt(tokenizer, n_tokens: int) -> list[dict]:
     ask = [{"role": "user", "content": "Write a Python function that reverses a list."}]
     turns: list[dict] = []
     for fn in raw_prompts() * 8:
-        turn = [{"role": "user", "content": f"Here is part of a function:\n```python\n{fn['raw']}```\nWhat does it do?"},
+        turn = [{"role": "user", "content": f"Here is part of a function:\n```python\n{fn['raw']}\n```\nWhat does it do?"},
                 {"role": "assistant", "content": "It " + fn["raw"].split("\n")[0].strip().rstrip(":") + "."}]
         if turns and len(encode(tokenizer, turns + turn + ask)) > n_tokens:
             break

@@ -26,8 +26,13 @@ def _side(root: Path, files: list[Path], held: bool, fraction: float) -> list[Pa
 
 
 def raw_code_prompts(config: corpus.CorpusConfig, n: int, held: bool, fraction: float = HELD_OUT_FRACTION,
-                     max_chars: int = 1500, seed: int = 0) -> list[dict]:
-    """Raw continuations: up to max_chars of a source file ending with a `def` line, no chat template."""
+                     max_chars: int = 1500, seed: int = 0, newline: bool = False) -> list[dict]:
+    """Raw continuations: up to max_chars of a source file ending with a `def` line, no chat template.
+
+    The prompt stops at the line's last character: the tokenizer merges a newline with the next line's
+    indentation, so a prompt ending in a bare newline reads as the end of a block (the target closed a
+    code fence there and stopped, for four prompts in five). `newline` keeps it, as the sets made before
+    session 22 did (the recipes of the weights trained on them)."""
     rng = random.Random(seed)
     root = config.stdlib
     cuts = []
@@ -45,7 +50,7 @@ def raw_code_prompts(config: corpus.CorpusConfig, n: int, held: bool, fraction: 
         start, size = end, 0
         while start > 0 and size + len(lines[start - 1]) + 1 <= max_chars:
             start, size = start - 1, size + len(lines[start - 1]) + 1
-        out.append({"kind": "raw-code", "text": "\n".join(lines[start:end]) + "\n"})
+        out.append({"kind": "raw-code", "text": "\n".join(lines[start:end]) + "\n" * newline})
     return out
 
 
@@ -65,11 +70,11 @@ def long_prompts(config: corpus.CorpusConfig, n: int, held: bool, fraction: floa
 
 
 def drafter_mix(config: corpus.CorpusConfig, n_code: int, n_chat: int, n_raw: int, n_long: int,
-                fraction: float = HELD_OUT_FRACTION) -> list[dict]:
+                fraction: float = HELD_OUT_FRACTION, raw_newline: bool = False) -> list[dict]:
     """Training prompts for the drafter: chat-formatted code and chat (corpus.drafter_prompts), raw
     continuations and long prompts from the training side of the split, shuffled."""
     prompts = corpus.drafter_prompts(config, n_code, n_chat)
-    prompts += raw_code_prompts(config, n_raw, held=False, fraction=fraction, seed=config.seed + 2)
+    prompts += raw_code_prompts(config, n_raw, held=False, fraction=fraction, seed=config.seed + 2, newline=raw_newline)
     prompts += long_prompts(config, n_long, held=False, fraction=fraction, seed=config.seed + 3)
     random.Random(config.seed + 4).shuffle(prompts)
     return prompts
@@ -120,6 +125,8 @@ if __name__ == "__main__":
     parser.add_argument("--chat", type=int, default=1000)
     parser.add_argument("--raw", type=int, default=1000)
     parser.add_argument("--long", type=int, default=600)
+    parser.add_argument("--raw-newline", action="store_true",
+                        help="end each raw prompt with a newline (the sets made before session 22)")
     parser.add_argument("--model", default=None, help="target whose tokenizer bounds the long prompts")
     parser.add_argument("--from", dest="source", type=Path, default=None,
                         help="take the first --code/--chat/--raw/--long prompts of each kind from this mix, shuffled")
@@ -133,9 +140,9 @@ if __name__ == "__main__":
         write(args.out, by_length(rows, _tokenizer(args.model)) if args.by_length else rows)
     elif args.eval:
         tok = _tokenizer(args.model)
-        write(args.out / "raw-code.jsonl", raw_code_prompts(cfg, 40, held=True))
+        write(args.out / "raw-code.jsonl", raw_code_prompts(cfg, 40, held=True, newline=args.raw_newline))
         bounded = within(long_prompts(cfg, 200, held=True), tok, 1000, 2000)
         code, talk = [p for p in bounded if len(p["messages"]) == 1], [p for p in bounded if len(p["messages"]) > 1]
         write(args.out / "long.jsonl", code[:15] + talk[:15])  # a source file + request; a long multi-turn chat
     else:
-        write(args.out, drafter_mix(cfg, args.code, args.chat, args.raw, args.long))
+        write(args.out, drafter_mix(cfg, args.code, args.chat, args.raw, args.long, raw_newline=args.raw_newline))
