@@ -51,10 +51,20 @@ def test_greedy_identity(target_dir, other_lm, mode):
 def test_lookup_finds_repeats():
     s = LookupState(max_ngram=3)
     s.extend([1, 2, 3, 4, 9, 9, 1, 2])
-    assert s.continuation(s.tokens + [3], 3) == [4, 9, 9]  # "1 2 3" seen before: what followed
-    assert s.continuation(s.tokens + [7], 3) == []
+    assert s.continuation(3, [3]) == [4, 9, 9]  # "1 2 3" seen before: what followed
+    assert s.continuation(3, [7]) == [] and s.continuation(0, [3]) == []
     s.trim(3)
-    assert s.tokens == [1, 2, 3, 4, 9] and s.continuation([4], 2) == [9] and s.continuation([9], 2) == []
+    assert s.tokens == [1, 2, 3, 4, 9] and s.continuation(2) == [] and s.continuation(1, [4]) == [9]
+
+
+def test_lookup_runs_a_loop_on_past_the_present():
+    """A match closer than k tokens is a loop: the copy runs into the text it copies, not stopping at the end."""
+    s = LookupState(max_ngram=3)
+    s.extend([5, 1, 2, 1, 2, 1])
+    assert s.continuation(5, [2]) == [1, 2, 1, 2, 1]  # period 2, through the anchor and the drafts themselves
+    s.extend([2, 7, 7])
+    assert s.continuation(4) == [7, 7, 7, 7]  # period 1
+    assert s.continuation(3, [9]) == []
 
 
 @pytest.fixture(scope="module")

@@ -38,12 +38,19 @@ class LookupState:
         self.extend(kept)
         return n
 
-    def continuation(self, seq: list[int], k: int) -> list[int]:
-        """What followed the latest earlier occurrence of the longest matching suffix of seq."""
+    def continuation(self, k: int, ahead: list[int] = ()) -> list[int]:
+        """Up to k tokens of what followed the latest earlier occurrence of the longest matching suffix of
+        the tokens, `ahead` (not yet committed: the round's anchor) appended to them. A match closer than k
+        tokens is a loop: its copy runs on into the text it is copying (as LZ77's overlapping copies do),
+        where a plain copy would stop at the present and draft a token or two where the loop goes on."""
+        seq = self.tokens[-self.max_ngram :] + list(ahead)
         for n in range(min(self.max_ngram, len(seq)), 0, -1):
             start = self.index[n].get(tuple(seq[-n:]))
-            if start is not None and start < len(self.tokens):
-                return self.tokens[start : start + k]
+            if start is not None and k > 0:
+                text = self.tokens + list(ahead)
+                for i in range(start, start + k):
+                    text.append(text[i])
+                return text[-k:]
         return []
 
 
@@ -60,5 +67,5 @@ class LookupDrafter:
         state.extend(list(tokens))
 
     def propose(self, state: LookupState, anchor: int, k: int, sampling) -> Draft:
-        found = state.continuation(state.tokens + [anchor], k)
+        found = state.continuation(k, [anchor])
         return Draft(mx.array(found, dtype=mx.int32))

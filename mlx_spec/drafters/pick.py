@@ -128,7 +128,7 @@ class PickDrafter:
         token ahead it has not read it): lookup where the last tokens occurred before and lookup leads
         this conversation, else the model (None). The controller plans the round's length from that
         source's acceptance (controller.py)."""
-        found = state.lookup.continuation(state.lookup.tokens[-self.lookup.max_ngram :], 1)
+        found = state.lookup.continuation(1)
         return "lookup" if found and state.lookup_leads() else None
 
     def context_spans(self, state: PickState) -> list[int]:
@@ -153,7 +153,7 @@ class PickDrafter:
     def _choose(self, state: PickState, anchor: int, k: int) -> tuple[list[int], bool]:
         """Lookup's continuation, and whether it drafts this round (after judging what is now settled)."""
         settle(state, anchor)
-        found = state.lookup.continuation(state.lookup.tokens[-self.lookup.max_ngram :] + [anchor], k)
+        found = state.lookup.continuation(k, [anchor])
         if not found:
             return found, False
         state.since_model += 1
