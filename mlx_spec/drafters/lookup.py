@@ -46,11 +46,14 @@ class LookupState:
         seq = self.tokens[-self.max_ngram :] + list(ahead)
         for n in range(min(self.max_ngram, len(seq)), 0, -1):
             start = self.index[n].get(tuple(seq[-n:]))
-            if start is not None and k > 0:
-                text = self.tokens + list(ahead)
-                for i in range(start, start + k):
-                    text.append(text[i])
-                return text[-k:]
+            if start is not None:
+                found = self.tokens[start : start + k]
+                if len(found) < k:  # the copy reached the present: a loop of period p, copied on
+                    found = (found + list(ahead))[:k]
+                    period = len(self.tokens) + len(ahead) - start
+                    while len(found) < k:
+                        found.append(found[-period])
+                return found
         return []
 
 
