@@ -1,5 +1,7 @@
 """Every drafting mode under the one verify loop stays lossless; auto picks by checkpoint content."""
 
+import random
+
 import pytest
 
 import factory
@@ -65,6 +67,18 @@ def test_lookup_runs_a_loop_on_past_the_present():
     s.extend([2, 7, 7])
     assert s.continuation(4) == [7, 7, 7, 7]  # period 1
     assert s.continuation(3, [9]) == []
+    rng = random.Random(0)
+    for _ in range(2000):  # the same as copying token by token from the growing text, on random short texts
+        s = LookupState(max_ngram=3)
+        s.extend([rng.randrange(3) for _ in range(rng.randrange(1, 12))])
+        k, ahead = rng.randrange(8), [rng.randrange(3)] * rng.randrange(2)
+        seq = s.tokens[-3:] + ahead
+        starts = [s.index[n].get(tuple(seq[-n:])) for n in range(min(3, len(seq)), 0, -1)]
+        start = next((i for i in starts if i is not None), None)
+        text = s.tokens + ahead
+        for i in range(k if start is not None else 0):
+            text.append(text[start + i])
+        assert s.continuation(k, ahead) == text[len(s.tokens) + len(ahead):]
 
 
 @pytest.fixture(scope="module")
