@@ -72,9 +72,10 @@ def test_lookup_runs_a_loop_on_past_the_present():
         s = LookupState(max_ngram=3)
         s.extend([rng.randrange(3) for _ in range(rng.randrange(1, 12))])
         k, ahead = rng.randrange(8), [rng.randrange(3)] * rng.randrange(2)
-        seq = s.tokens[-3:] + ahead
-        starts = [s.index[n].get(tuple(seq[-n:])) for n in range(min(3, len(seq)), 0, -1)]
-        start = next((i for i in starts if i is not None), None)
+        seq, toks = s.tokens[-3:] + ahead, s.tokens
+        # the latest earlier occurrence (one with a token after it) of the longest suffix of up to 3 tokens
+        start = next((j for n in range(min(3, len(seq)), 0, -1) for j in range(len(toks) - 1, n - 1, -1)
+                      if toks[j - n : j] == seq[-n:]), None)
         text = s.tokens + ahead
         for i in range(k if start is not None else 0):
             text.append(text[start + i])

@@ -138,7 +138,7 @@ def test_raw_prompts_and_eval_sets(fake_sources, tmp_path):
     raw_eval = mix.raw_code_prompts(fake_sources, 10, held=True, fraction=0.25)
     raw_train = mix.raw_code_prompts(fake_sources, 10, held=False, fraction=0.25)
     # each ends on its `def` line's last character (a bare trailing newline reads as a block's end)
-    assert raw_eval and raw_train and all(r["text"].split("\n")[-1].lstrip().startswith("def ") for r in raw_eval)
+    assert raw_eval and raw_train and all(r["text"].split("\n")[-1].startswith("def ") for r in raw_eval)
     assert not {r["text"] for r in raw_eval} & {r["text"] for r in raw_train}
     old = mix.raw_code_prompts(fake_sources, 10, held=True, fraction=0.25, newline=True)  # the pre-session-22 sets
     assert [r["text"] for r in old] == [r["text"] + "\n" for r in raw_eval]

@@ -8,6 +8,8 @@ when sampling.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 
 from .base import Draft
@@ -38,7 +40,7 @@ class LookupState:
         self.extend(kept)
         return n
 
-    def continuation(self, k: int, ahead: list[int] = ()) -> list[int]:
+    def continuation(self, k: int, ahead: Sequence[int] = ()) -> list[int]:
         """Up to k tokens of what followed the latest earlier occurrence of the longest matching suffix of
         the tokens, `ahead` (not yet committed: the round's anchor) appended to them. A match closer than k
         tokens is a loop: its copy runs on into the text it is copying (as LZ77's overlapping copies do),

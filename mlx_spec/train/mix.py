@@ -50,7 +50,7 @@ def raw_code_prompts(config: corpus.CorpusConfig, n: int, held: bool, fraction: 
         start, size = end, 0
         while start > 0 and size + len(lines[start - 1]) + 1 <= max_chars:
             start, size = start - 1, size + len(lines[start - 1]) + 1
-        out.append({"kind": "raw-code", "text": "\n".join(lines[start:end]) + "\n" * newline})
+        out.append({"kind": "raw-code", "text": "\n".join(lines[start:end]) + ("\n" if newline else "")})
     return out
 
 
