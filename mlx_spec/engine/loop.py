@@ -84,10 +84,13 @@ def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iter
         yield done + i + len(piece)
     logits, hidden = target(mx.array([rest[-1:]]), pc.cache)
     pc.add(rest[-1:], hidden)
-    # The prompt's last token is in the cache and the first token is on its way: the state of
-    # plain decoding running ahead, so a first plain round is queued before the first token is read.
-    s.anchor, s.ahead = pc.tokens[-1], s.sampler.next_token(pc.tokens, logits[0, -1:], len(pc.tokens))
-    yield plain_round(target, s)
+    # The first token, with no pass queued behind it: a request joining a batch would throw a pass run
+    # ahead away (`settle`), a whole one-row pass at its context in the batch's next round; alone, the
+    # next plain round starts running ahead.
+    s.anchor = s.sampler.next_token(pc.tokens, logits[0, -1:], len(pc.tokens)).item()
+    s.k = None
+    s.lengths.update(0, 0)
+    yield Round([s.anchor], 0, 0)
 
 
 def step(target, drafter, states: list[DecodeState]) -> list[Round]:
