@@ -188,32 +188,36 @@ def batches(model) -> bool:
     return batchable(model.target.model) and can_batch([make_prompt_cache(model).cache for _ in range(2)])
 
 
-def measure_batch(model, rows: list[int], max_width: int, context: int = 64, repeats: int = 3,
-                  widths: tuple = BATCH_WIDTHS, filled: dict | None = None) -> list[list[float]]:
-    """[rows, width, seconds] of batched target passes (each row its own cache, as the loop verifies a batch),
-    for `widths` up to max_width and max_width itself; the shapes take turns within each repetition. For a
-    target whose caches batch (`batches`). filled: {rows: their prompt caches}, already `filled_rows`."""
-    from .engine.batch import batch_caches
-    from .engine.cache import trim
+def measure_batch_rounds(model, curve: CostCurve, rows: list[int], max_width: int, context: int, repeats: int = 3,
+                         widths: tuple = BATCH_WIDTHS, filled: dict | None = None) -> list[list[float]]:
+    """[rows, width, seconds] of whole batched loop rounds, every request drafting width - 1 tokens (width 1:
+    plain), less the drafter pass `curve` prices for them: the target's share of a round, host work included
+    (catching the drafter up, accepting, committing), as `plan_batch` prices a round. Timed as isolated
+    passes, a 4-row round with 2-token blocks was priced 1.49x a plain one where it took 1.36x, and 4 to 8
+    wide ones below what they took, so the batch plan passed over the block that paid most on raw text.
+    The widths take turns within each repetition; each shape's fastest repetition is its cost."""
+    from .engine.loop import DecodeState, FixedLength, settle, step
+    from .engine.sampling import Sampler, SamplingParams
 
-    vocab = model.vocab_size
-    # each batch size its own rows: rows batched together stay in one slab round after round
-    # (engine/slab.py), so the timed passes see the steady state, not a slab rebuilt for every shape
     pcs = filled or {b: filled_rows(model, b, context) for b in rows}
     widths = [w for w in widths if w < max_width] + [max_width]
-    shapes = [(b, w) for b in rows for w in widths]
-
-    def run(b, w):
-        caches = [pc.cache for pc in pcs[b]]
-        block = mx.array([[(i * 13 + r) % vocab for i in range(w)] for r in range(b)])
-
-        def timed():
-            logits, hidden = model.target(block, batch_caches(caches))
-            mx.eval(logits, hidden) if hidden is not None else mx.eval(logits)
-            for c in caches:
-                trim(c, w)
-        return timed
-    return [[b, w, t] for (b, w), t in zip(shapes, _timed([run(b, w) for b, w in shapes], repeats))]
+    sampler = Sampler(SamplingParams(), model.vocab_size)
+    starts = {b: [(pc.mark(), pc.tokens[-1]) for pc in pcs[b]] for b in rows}
+    times: dict[tuple, list[float]] = {(b, w): [] for b in rows for w in widths}
+    for rep in range(repeats + 1):  # the first repetition warms up
+        for (b, w), ts in times.items():
+            states = [DecodeState(pc, sampler, FixedLength(w - 1), anchor=a) for pc, (_, a) in zip(pcs[b], starts[b])]
+            step(model.target, model.drafter, states)  # the steady state: the drafter caught up, the slab built
+            tic = time.perf_counter()
+            for _ in range(2):
+                step(model.target, model.drafter, states)
+            if rep:
+                ts.append((time.perf_counter() - tic) / 2)
+            for s, pc, (start, _) in zip(states, pcs[b], starts[b]):
+                settle(s)
+                pc.back_to(start)
+    return [[b, w, max(min(ts) - curve.draft_time(b if w > 1 else 0, w - 1, context), min(ts) / 2)]
+            for (b, w), ts in times.items()]
 
 
 def filled_rows(model, n: int, context: int) -> list:
@@ -290,8 +294,9 @@ def curve_key(model) -> str:
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),
              f"relaid={getattr(model, 'relaid', False)}",
              # rounds/11..: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans,
-             # dips levelled; /12: batched rows kept in slabs; /13: batched passes at a long context too
-             "rounds/13"]
+             # dips levelled; /12: batched rows kept in slabs; /13: batched passes at a long context too;
+             # /14: batched costs from whole rounds
+             "rounds/14"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 
@@ -336,16 +341,18 @@ def measure_batches(model, curve: CostCurve, rows: list[int], max_width: int, lo
     if not batches(model):  # verified one by one
         return
     long = min(long_context, model.context_length - 2 * max_width)
-    curve.batch = measure_batch(model, rows, max_width, curve.batch_context)
-    curve.draft_batch = measure_draft_batch(model, rows, max_width - 1, curve.batch_context)
+    pcs = {b: filled_rows(model, b, curve.batch_context) for b in rows}
+    curve.draft_batch = measure_draft_batch(model, rows, max_width - 1, curve.batch_context, filled=pcs[rows[-1]])
+    curve.batch = measure_batch_rounds(model, curve, rows, max_width, curve.batch_context, filled=pcs)
     if long > 2 * curve.batch_context:
         # the most rows only (the growth goes in proportion to the rows, none at 0), the target's and the
         # drafter's passes over the same rows: filling them is most of the cost (~13 s here)
         top = rows[-1]
         pcs = filled_rows(model, top, long)
-        curve.long_batch = measure_batch(model, [top], max_width, long, widths=(1, 2, 4), filled={top: pcs})
         curve.long_draft_batch = measure_draft_batch(model, [top], max_width - 1, long, ks=(1, 3), filled=pcs)
         curve.long_batch_context = long
+        curve.long_batch = measure_batch_rounds(model, curve, [top], max_width, long, widths=(1, 2, 4),
+                                                filled={top: pcs})
 
 
 def model_drafting(model):

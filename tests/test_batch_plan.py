@@ -292,14 +292,27 @@ def test_a_request_that_could_not_pay_even_at_best_does_not_probe():
     assert judged == [0] * 4 and widened == 0
 
 
-def arrive_apart(c: CostCurve):
+def test_new_requests_of_their_predecessors_kind_do_not_probe_on_their_own():
+    """The estimates were left by requests of this kind (raw completions the drafter could not follow):
+    tested already, so new raw requests joining one round apart never widen a pass of their own; only the
+    batch's own probes (every request one token, rarely where they cost) test them again. A chat request
+    starting from them (another kind of text) still tests them soon."""
+    memory = ControllerMemory(alphas=[0.02] * 7, by_kind={"raw": [0.02] * 7})
+    assert AdaptiveLength(curve(0.03), 7, memory=memory, kind="chat").fresh
+    assert not AdaptiveLength(curve(0.03), 7, memory=memory, kind="raw").fresh
+    judged, widened = arrive_apart(curve(0.03), memory, kind="raw")
+    assert widened < ControllerConfig().fresh_probes and max(judged) <= widened
+    assert arrive_apart(curve(0.03), memory, kind="chat")[1] == ControllerConfig().fresh_probes
+
+
+def arrive_apart(c: CostCurve, memory: ControllerMemory | None = None, kind: str | None = None):
     """Four requests inherit estimates that say drafts fail and join a plain batch of four one round apart;
     the drafts do fail. Their drafting rounds each, and the widened passes."""
-    memory = ControllerMemory(alphas=[0.02] * 7)
+    memory = memory or ControllerMemory(alphas=[0.02] * 7)
     states, widened = [row(c, 0.0) for _ in range(4)], 0
     for i in range(40):
         if i < 4:
-            lengths = AdaptiveLength(c, 7, memory=memory, clock=None)
+            lengths = AdaptiveLength(c, 7, memory=memory, clock=None, kind=kind)
             states.append(SimpleNamespace(lengths=lengths, k=lengths.next(), remaining=1 << 30))
         widened += any(plan_batch(states))
         for s in states:
