@@ -13,7 +13,8 @@ class CostCurve:
     verify: list[float]  # seconds for a target pass over M = 1, 2, ... tokens
     draft: list[float]  # seconds for a drafter pass producing k = 1, 2, ... drafts (index k-1)
     rounds: list[float] = field(default_factory=list)  # seconds for a whole loop round with k = 0, 1, ... drafts
-    batch: list[list[float]] = field(default_factory=list)  # [rows, width, seconds]: a batched target pass
+    # [rows, width, seconds]: a batched round less its drafter pass (the target's pass and the host's work)
+    batch: list[list[float]] = field(default_factory=list)
     draft_batch: list[list[float]] = field(default_factory=list)  # [rows, k, seconds]: one drafter pass for rows
     batch_context: int = 64  # cached tokens in every row behind `batch` and `draft_batch`
     long_batch: list[list[float]] = field(default_factory=list)  # `batch` again (fewer widths) after...
@@ -75,9 +76,9 @@ class CostCurve:
         return sum(min(context, s) if s else context for s in self.spans)
 
     def batch_time(self, rows: int, width: int, context: int = 0) -> float:
-        """Seconds of one target pass over `rows` blocks of `width` tokens each, after `context` cached
-        tokens in the longest row (a batch's rows are padded to it): the measured batched passes,
-        interpolated in width and rows, and their growth with the context; without them, one row of
+        """Seconds of one target pass over `rows` blocks of `width` tokens each, with the round's host work,
+        after `context` cached tokens in the longest row (a batch's rows are padded to it): the measured
+        batched rounds (less their drafter passes), interpolated in width and rows, and their growth with the context; without them, one row of
         rows * width tokens, each row growing as one request's rounds do."""
         if rows > 1 and self.batch and self.long_batch:
             t, growth = self._at("batch", rows, width)

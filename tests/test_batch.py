@@ -89,3 +89,14 @@ def test_plain_rounds_that_ran_ahead_join_a_batch(target_dir, drafter_dir):
             ("import os", SamplingParams(temperature=0.8, top_k=20, seed=5), 1),
             ("class Stack:", SamplingParams(), 4)]
     assert together(model, tok, reqs, join_at=[0, 3, 6]) == [alone(model, tok, r) for r in reqs]
+
+
+def test_a_prefilled_request_queues_no_pass_until_it_decodes(target_dir, drafter_dir):
+    """The first token comes with no pass queued behind it (a request joining a batch would throw that pass
+    away); decoding alone, the next plain round runs one token ahead again."""
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    g = make(model, tok, "def add(a, b):", SamplingParams(), 1)
+    g.start()
+    assert g.state.ahead is None
+    step_all(model, [g])
+    assert g.state.ahead is not None
