@@ -156,24 +156,33 @@ def measure_rounds(model, pcs: list, sampler, max_k: int, repeats: int) -> list[
     rather than skewing one; each k's time is the fastest repetition (a median still took in bursts: a
     curve measured on a busy machine once said a plain step costs three synchronous passes, so drafting
     looked free, and it stays cached)."""
-    from .engine.loop import DecodeState, FixedLength, settle, step
-
     starts = [(pc.mark(), pc.tokens[-1]) for pc in pcs]
     times = [[[] for _ in range(max_k + 1)] for _ in pcs]
     for rep in range(repeats + 1):  # the first repetition warms up
         for k in range(max_k + 1):
-            for pc, (start, anchor), ts in zip(pcs, starts, times):
-                s = DecodeState(pc, sampler, FixedLength(k), anchor=anchor)
-                step(model.target, model.drafter, [s])  # the steady state: running ahead, the drafter fed
-                n = 4 if k == 0 else 2
-                tic = time.perf_counter()
-                for _ in range(n):
-                    step(model.target, model.drafter, [s])
+            for pc, start, ts in zip(pcs, starts, times):
+                seconds = timed_rounds(model, [pc], [start], sampler, k, 4 if k == 0 else 2)
                 if rep:
-                    ts[k].append((time.perf_counter() - tic) / n)
-                settle(s)
-                pc.back_to(start)  # (several rounds back: a hybrid's recurrent state only from a mark)
+                    ts[k].append(seconds)
     return [[min(t) for t in ts] for ts in times]  # other jobs only ever add time: the quietest repetition is the cost
+
+
+def timed_rounds(model, pcs: list, starts: list, sampler, k: int, n: int) -> float:
+    """Seconds per round of n rounds of the real loop with k drafts for every request, these caches decoding
+    together (one alone: pipelined plain decoding at k = 0), after one round that reaches the steady state
+    (running ahead, the drafter fed, the slab built); then each cache goes back to its (mark, anchor)."""
+    from .engine.loop import DecodeState, FixedLength, settle, step
+
+    states = [DecodeState(pc, sampler, FixedLength(k), anchor=anchor) for pc, (_, anchor) in zip(pcs, starts)]
+    step(model.target, model.drafter, states)
+    tic = time.perf_counter()
+    for _ in range(n):
+        step(model.target, model.drafter, states)
+    seconds = (time.perf_counter() - tic) / n
+    for s, pc, (mark, _) in zip(states, pcs, starts):
+        settle(s)
+        pc.back_to(mark)  # (several rounds back: a hybrid's recurrent state only from a mark)
+    return seconds
 
 
 BATCH_WIDTHS = (1, 2, 3, 4, 6, 8)
@@ -196,7 +205,6 @@ def measure_batch_rounds(model, curve: CostCurve, rows: list[int], max_width: in
     passes, a 4-row round with 2-token blocks was priced 1.49x a plain one where it took 1.36x, and 4 to 8
     wide ones below what they took, so the batch plan passed over the block that paid most on raw text.
     The widths take turns within each repetition; each shape's fastest repetition is its cost."""
-    from .engine.loop import DecodeState, FixedLength, settle, step
     from .engine.sampling import Sampler, SamplingParams
 
     pcs = filled or {b: filled_rows(model, b, context) for b in rows}
@@ -206,16 +214,9 @@ def measure_batch_rounds(model, curve: CostCurve, rows: list[int], max_width: in
     times: dict[tuple, list[float]] = {(b, w): [] for b in rows for w in widths}
     for rep in range(repeats + 1):  # the first repetition warms up
         for (b, w), ts in times.items():
-            states = [DecodeState(pc, sampler, FixedLength(w - 1), anchor=a) for pc, (_, a) in zip(pcs[b], starts[b])]
-            step(model.target, model.drafter, states)  # the steady state: the drafter caught up, the slab built
-            tic = time.perf_counter()
-            for _ in range(2):
-                step(model.target, model.drafter, states)
+            seconds = timed_rounds(model, pcs[b], starts[b], sampler, w - 1, 2)
             if rep:
-                ts.append((time.perf_counter() - tic) / 2)
-            for s, pc, (start, _) in zip(states, pcs[b], starts[b]):
-                settle(s)
-                pc.back_to(start)
+                ts.append(seconds)
     return [[b, w, max(min(ts) - curve.draft_time(b if w > 1 else 0, w - 1, context), min(ts) / 2)]
             for (b, w), ts in times.items()]
 

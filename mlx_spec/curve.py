@@ -78,8 +78,8 @@ class CostCurve:
     def batch_time(self, rows: int, width: int, context: int = 0) -> float:
         """Seconds of one target pass over `rows` blocks of `width` tokens each, with the round's host work,
         after `context` cached tokens in the longest row (a batch's rows are padded to it): the measured
-        batched rounds (less their drafter passes), interpolated in width and rows, and their growth with the context; without them, one row of
-        rows * width tokens, each row growing as one request's rounds do."""
+        batched rounds (less their drafter passes), interpolated in width and rows, and their growth with
+        the context; without them, one row of rows * width tokens, each row growing as one request's rounds do."""
         if rows > 1 and self.batch and self.long_batch:
             t, growth = self._at("batch", rows, width)
             return t + growth * max(0, context - self.batch_context)
