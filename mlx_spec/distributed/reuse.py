@@ -31,4 +31,10 @@ def prompt_cache_class(group, layout):
                 self.reset()
             return super().reuse(prompt)
 
+        @property
+        def checkpoint_at(self) -> int | None:
+            # Every rank alike (only some hold layers that checkpoint): each prefill pass is a pipeline pass,
+            # so each ends where any rank's checkpoint might be, and the last token goes alone.
+            return self._mark_at
+
     return SharedPromptCache

@@ -144,8 +144,8 @@ class PipelineTarget(Target):
                 layer = Enter(layer, self._link)
             layers[j] = layer
 
-    def __call__(self, tokens: mx.array, cache) -> tuple[mx.array, mx.array | None]:
-        shape = (*tokens.shape, self.vocab_size)
+    def __call__(self, tokens: mx.array, cache, last: int | None = None) -> tuple[mx.array, mx.array | None]:
+        shape = (*tokens.shape, self.vocab_size)  # (every row's logits, `last` or not: they are sent as one shape)
         # The tokens may still be lazy (plain decoding runs one token ahead): settle them first, so
         # that every rank finishes the previous pass's shared logits before this pass's sends and
         # receives start (a stage that ignores the tokens would otherwise wait on its receive while

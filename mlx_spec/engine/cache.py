@@ -174,6 +174,11 @@ class PromptCache:
         del self.tokens[n:]
         self._marks = [m for m in self._marks if m[0] <= n]
 
+    @property
+    def checkpoint_at(self) -> int | None:
+        """Where the prompt being prefilled is checkpointed (`reuse`): a pass must end there. None: no checkpoints."""
+        return self._mark_at if self._checkpoints else None
+
     def _checkpoint(self) -> None:
         n = len(self.tokens)
         if self._checkpoints and all(pos != n for pos, _ in self._marks):

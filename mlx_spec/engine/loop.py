@@ -70,20 +70,23 @@ class DecodeState:
 
 def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iterator[int | Round]:
     """Run the uncached part of the prompt through the target, yielding the prompt tokens done after
-    each chunk (so a caller can interleave other work or stop), then the first token as a Round."""
+    each chunk but the last (so a caller can interleave other work or stop), then the first token as a Round."""
     pc = s.pc
     done = pc.reuse(prompt)
     rest = prompt[done:]
-    # All but the last token only fill the cache; the last goes alone, so that only its logits are
-    # computed (as mlx-lm does): a [chunk, vocab] LM-head product is no small cost.
-    for i in range(0, len(rest) - 1, chunk):
-        piece = rest[i : min(i + chunk, len(rest) - 1)]
-        _, hidden = target(mx.array([piece]), pc.cache)
+    # Only the last token needs logits (`last`: a [chunk, vocab] LM-head product is no small cost), and it
+    # goes with its chunk (a pass of its own cost a whole one-token pass of TTFT); but caches that cannot
+    # go back take their checkpoint before it (PromptCache.reuse), so there it goes alone, as mlx-lm's does.
+    split = len(rest) - 1 if pc.checkpoint_at == len(prompt) - 1 else len(rest)
+    pieces = [rest[i : min(i + chunk, split)] for i in range(0, split, chunk)] + [rest[split:]] * (split < len(rest))
+    for j, piece in enumerate(pieces):
+        final = j == len(pieces) - 1
+        logits, hidden = target(mx.array([piece]), pc.cache, last=1 if final else None)
         pc.add(piece, hidden)
-        eval_state(pc)
-        yield done + i + len(piece)
-    logits, hidden = target(mx.array([rest[-1:]]), pc.cache)
-    pc.add(rest[-1:], hidden)
+        if not final:
+            eval_state(pc)
+            done += len(piece)
+            yield done
     # The first token, with no pass queued behind it: a request joining a batch would throw a pass run
     # ahead away (`settle`), a whole one-row pass at its context in the batch's next round; alone, the
     # next plain round starts running ahead.
