@@ -1,5 +1,6 @@
 """Continuous batching: requests verified together, joining and leaving mid-flight, decode exactly as alone."""
 
+import mlx.core as mx
 import pytest
 
 import factory
@@ -100,3 +101,26 @@ def test_a_prefilled_request_queues_no_pass_until_it_decodes(target_dir, drafter
     assert g.state.ahead is None
     step_all(model, [g])
     assert g.state.ahead is not None
+
+
+def test_prefill_computes_the_last_tokens_logits_in_its_chunk(target_dir, drafter_dir):
+    """The prompt's last token goes through the target with its chunk (no pass of its own), and only its
+    logits are computed; its first token is the one a whole-prompt pass gives."""
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    target, calls = model.target, []
+
+    def counted(tokens, cache, last=None):
+        logits, hidden = target(tokens, cache, last=last)
+        calls.append((tokens.shape[1], last, logits.shape[1], hidden.shape[1]))
+        return logits, hidden
+
+    ids = encode_prompt(tok, "def add(a, b):\n    return a + b\n\ndef sub(a, b):")
+    whole, _ = target(mx.array([ids]), None)
+    for chunk, passes in ((512, [len(ids)]), (8, [8] * (len(ids) // 8) + [len(ids) % 8] * bool(len(ids) % 8))):
+        g = make(model, tok, ids, SamplingParams(), 1)
+        calls.clear()
+        first = [item for item in loop.prefill(counted, g.state, ids, chunk)][-1]
+        assert [c[0] for c in calls] == passes
+        assert [c[1] for c in calls] == [None] * (len(passes) - 1) + [1]
+        assert calls[-1][2] == 1 and all(c[3] == c[0] for c in calls)  # one row of logits; every row's taps
+        assert first.tokens == [whole[0, -1].argmax().item()]
