@@ -286,9 +286,7 @@ def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> l
 
 
 def curve_key(model) -> str:
-    from mlx.utils import tree_flatten
-
-    dtype = tree_flatten(model.model.parameters())[0][1].dtype
+    dtype = model.target.dtype
     parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              os.environ.get("OPENBLAS_NUM_THREADS", ""),

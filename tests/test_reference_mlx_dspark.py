@@ -49,3 +49,16 @@ def test_rounds_equal_mlx_dspark(models_dir, target_dir):
         cut += sum(d < 5 for d, _ in theirs[:n])
         accepted += sum(a for _, a in theirs[:n])
     assert cut > 10 and accepted > 0, (cut, accepted)  # truncation decided rounds; some drafts accepted
+
+
+def test_bench_side_by_side_with_mlx_dspark_dflash(target_dir, drafter_dir):
+    """`bench --vs-dspark`: its DFlash loop on the same files gives the same greedy tokens, and both rates
+    count alike (the tokens after the first, over the time after it)."""
+    from mlx_spec.bench_dspark import compare
+
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    rows = compare(model, tok, {"code": PROMPTS[:2]}, [1, 3], max_tokens=24, repeats=1)
+    (row,) = rows
+    assert row["outputs_differ"] == 0 and row["pairs"] == 2
+    assert set(row["dspark_tps_by_cap"]) == {1, 3} and row["dspark_best_cap"] in (1, 3)
+    assert 0 < row["ratio_vs_best_e2e"] and 0 < row["ratio_vs_best"]

@@ -183,7 +183,8 @@ def show_dspark(rows: list[dict]) -> None:
         caps = " ".join(f"cap {c}: {t:.1f}" for c, t in r["dspark_tps_by_cap"].items())
         Console(width=200).print(f"vs mlx-dspark, {r['kind']}: mlx-spec auto {r['mlx_spec_auto_tps']:.1f} tok/s; "
                                  f"mlx-dspark {caps} tok/s; mlx-spec / best cap ({r['dspark_best_cap']}) "
-                                 f"{r['ratio_vs_best']:.2f}x (median of {r['pairs']} pairs)")
+                                 f"{r['ratio_vs_best']:.2f}x decoding, {r['ratio_vs_best_e2e']:.2f}x end to end "
+                                 f"(medians of {r['pairs']} pairs)")
 
 
 def draft_model_rows(args, model, tok):
