@@ -38,8 +38,10 @@ def run_peer(peer, ids: list[int], max_tokens: int, cap: int) -> Sample:
                         temperature=0.0, apply_chat_template=False)
     end = time.perf_counter()
     tokens = list(r.token_ids[:max_tokens])
+    if tokens and tokens[-1] in set(tok.eos_token_ids):  # its tokens end with the EOS; ours (and mlx-lm's) do not
+        tokens = tokens[:-1]
     # Decode rate as ours counts it (`bench._sample`): the tokens after the first, over the time after it.
-    # (mlx-dspark's own decode rate counts the first token too: +10% on an 11-token answer.)
+    # (mlx-dspark's own decode rate counts the first token and the EOS too: +20% on a 10-token answer.)
     decode = (len(tokens) - 1) / max(r.seconds - r.prefill_seconds, 1e-9) if len(tokens) > 1 else 0.0
     s = Sample(tokens, r.prefill_seconds, decode, len(tokens) / max(end - tic, 1e-9), 0.0)
     s.tau = r.mean_accept_len
