@@ -285,9 +285,19 @@ def context_costs(model, contexts: list[int], width: int, repeats: int = 3) -> l
     return out
 
 
+def _weights_files(path) -> str:
+    """Which weights a folder holds now (names, sizes, modification times): a drafter retrained or
+    installed in place is another drafter, with other costs (a 2-layer one drafts dearer)."""
+    folder = Path(path) if path is not None else None
+    if folder is None or not folder.is_dir():
+        return ""
+    return json.dumps([(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.glob("*.safetensors"))])
+
+
 def curve_key(model) -> str:
     dtype = model.target.dtype
-    parts = [str(model.target_path), str(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
+    parts = [str(model.target_path), str(model.drafter_path), _weights_files(model.target_path),
+             _weights_files(model.drafter_path), json.dumps(model.config.get("quantization")), str(dtype),
              str(mx.default_device()), mx.__version__, platform.machine(), os.environ.get("LD_PRELOAD", ""),
              os.environ.get("OPENBLAS_NUM_THREADS", ""),
              f"eval_every={model.target.eval_every}", json.dumps(model.kv_cache, sort_keys=True),

@@ -73,6 +73,24 @@ def test_calibrated_curve_is_measured_and_cached(target_dir, drafter_dir, monkey
     assert out[-1].generation_tokens == 20
 
 
+def test_a_drafter_replaced_in_place_is_calibrated_anew(target_dir, drafter_dir, tmp_path):
+    """The cached curve is keyed by the weights a folder holds, not only its path: a drafter retrained and
+    copied over the old one (a deeper one drafts dearer) must not be priced with the old one's costs."""
+    import os
+    import shutil
+
+    from mlx_spec.calibrate import curve_key
+
+    here = shutil.copytree(drafter_dir, tmp_path / "drafter")
+    model, _ = mlx_spec.load(str(target_dir), drafter=str(here))
+    before = curve_key(model)
+    assert curve_key(model) == before  # stable while nothing changes
+    weights = next(here.glob("*.safetensors"))
+    stat = weights.stat()
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert curve_key(model) != before
+
+
 # Measured shape on this project's CPU (embedded pair, OpenBLAS): at 256 cached tokens 7 drafts cost
 # little more than 3; at 1,024 every extra draft token also reads 1,024 cached rows in every layer.
 ROUNDS_256 = [1.0, 1.3, 1.4, 1.45, 1.55, 1.6, 1.65, 1.7]

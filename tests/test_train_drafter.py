@@ -13,7 +13,7 @@ from mlx_spec.errors import MlxSpecError
 from mlx_spec.loading import Loaded
 from mlx_spec.train.checkpoint import load_checkpoint, save_checkpoint
 from mlx_spec.train.data import DataConfig, generate_data, read_prompts
-from mlx_spec.train.drafter import DrafterTrainConfig, new_drafter, train_drafter
+from mlx_spec.train.drafter import DrafterTrainConfig, grow, new_drafter, train_drafter
 from mlx_spec.train.evaluate import measure
 
 PROMPTS = [{"messages": [{"role": "user", "content": t}], "kind": k} for t, k in [
@@ -141,3 +141,44 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path, shallow):
     o.init(d.trainable_parameters())
     with pytest.raises(MlxSpecError, match="other weights"):
         load_checkpoint(tmp_path / "ckpt", d, o)
+
+
+def test_a_grown_drafter_drafts_as_before_then_trains_its_new_layer(tmp_path, shallow):
+    model, tok = shallow
+    cfg = DrafterTrainConfig(out=tmp_path / "run", block_size=4, target_layer_ids=[0, 1], steps=2, warmup=1,
+                             sequences_per_step=1, anchors_per_sequence=4, checkpoint_every=1000)
+    shallower = new_drafter(model.target, model.config, tok, cfg)
+    deeper = grow(shallower, 3)
+    assert deeper.config.num_hidden_layers == 3 and shallower.config.num_hidden_layers == 1
+    model.target.set_taps(shallower.tap_ids)
+    ids = tok.encode("def add(a, b):\n    return a + b\n")
+    _, hidden = model.target(mx.array([ids]), cache=None)
+    logits = []
+    for d in (shallower, deeper):
+        state = d.make_state()
+        d.observe(state, hidden, ids)
+        logits.append(d.block_logits(state, ids[-1], 4))
+    assert mx.allclose(logits[0], logits[1], atol=1e-5).item()
+    records = [{"tokens": ids + ids, "prompt_len": 4}]
+    cfg.num_layers = 3
+    path = train_drafter(model.target, model.config, tok, records, cfg, init=deeper)
+    trained = mx.load(str(path / "model.safetensors"))
+    assert mx.abs(trained["layers.2.self_attn.o_proj.weight"]).max().item() > 0  # the new layer learns
+    assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 3
+    with pytest.raises(ValueError, match="cannot grow"):
+        grow(deeper, 2)
+
+
+def test_train_drafter_grows_but_never_shrinks_an_initial_drafter(tmp_path, capsys, shallow):
+    from mlx_spec.cli import main
+    from mlx_spec.drafters.dflash import save_dflash
+
+    model, tok = shallow
+    two = new_drafter(model.target, model.config, tok, DrafterTrainConfig(target_layer_ids=[0, 1], num_layers=2))
+    init = save_dflash(two, tmp_path / "two")
+    assert main(["train-drafter", "--model", str(model.target_path), "--init-drafter", str(init),
+                 "--layers", "1", "--out", str(tmp_path / "run")]) == 2
+    assert "can grow, not shrink" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # refused before any answers were generated
+    assert main(["train-drafter", "--layers", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err

@@ -14,7 +14,9 @@ def add_arguments(p) -> None:
     p.add_argument("--prompts", type=Path, default=None, help="JSONL of chats/prompts or a text file (default: built-in set)")
     p.add_argument("--out", type=Path, default=d.out)
     p.add_argument("--block-size", type=int, default=d.block_size)
-    p.add_argument("--layers", type=int, default=d.num_layers)
+    p.add_argument("--layers", type=int, default=None,
+                   help=f"drafter layers (default {d.num_layers}; with --init-drafter: its own, or more to grow it: "
+                        "the new layers start as no-ops)")
     p.add_argument("--taps", default=None, help="comma-separated target layer ids (default: spread over depth)")
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--lr", type=float, default=d.lr)
@@ -48,7 +50,20 @@ def run(args) -> int:
         raise MlxSpecError("--sliding-window must be at least 2 (the anchor's context row and one more)")
     if args.sliding_window is not None and args.init_drafter is not None:
         raise MlxSpecError("--sliding-window makes a new drafter; it cannot be combined with --init-drafter")
+    if args.layers is not None and args.layers < 1:
+        raise MlxSpecError("--layers must be at least 1")
     model, tok = load(args.model, drafter=None)
+    init = None
+    if args.init_drafter is not None:
+        from ..drafters.dflash import load_dflash
+        from ..train.drafter import grow
+
+        init = load_dflash(args.init_drafter, model.target, model.config)
+        if args.layers is not None and args.layers != init.config.num_hidden_layers:
+            if args.layers < init.config.num_hidden_layers:
+                raise MlxSpecError(f"--layers {args.layers}: {args.init_drafter} has "
+                                   f"{init.config.num_hidden_layers}; a drafter can grow, not shrink")
+            init = grow(init, args.layers)
     prompts = read_prompts(args.prompts or builtin_prompts())
     held_out = set(range(0, len(prompts), max(1, len(prompts) // max(1, args.eval_prompts)))) if args.eval_prompts else set()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -64,17 +79,13 @@ def run(args) -> int:
         pair = Loaded(model.target, drafter, model.target_path, None, model.config, relaid=model.relaid)
         return round(measure(pair, tok, evals, max_tokens=64)["all"].tau, 3)
 
+    layers = init.config.num_hidden_layers if init is not None else args.layers or DrafterTrainConfig.num_layers
     cfg = DrafterTrainConfig(
-        out=args.out, block_size=args.block_size, num_layers=args.layers,
+        out=args.out, block_size=args.block_size, num_layers=layers,
         target_layer_ids=[int(x) for x in args.taps.split(",")] if args.taps else None, steps=args.steps,
         lr=args.lr, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
         eval_every=args.eval_every, seed=args.seed, loss=args.loss, sliding_window=args.sliding_window,
     )
-    init = None
-    if args.init_drafter is not None:
-        from ..drafters.dflash import load_dflash
-
-        init = load_dflash(args.init_drafter, model.target, model.config)
     path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None,
                          init=init, until=args.until,
                          provenance={"init_drafter": str(args.init_drafter) if args.init_drafter else None,

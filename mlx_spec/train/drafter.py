@@ -11,12 +11,14 @@ reached less often).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
+from mlx.utils import tree_flatten
 
 from ..drafters.dflash import DFlashConfig, DFlashDrafter, save_dflash
 from .checkpoint import load_checkpoint, save_checkpoint
@@ -55,6 +57,26 @@ def new_drafter(target, config: dict, tokenizer, cfg: DrafterTrainConfig) -> DFl
         sliding_window=cfg.sliding_window, is_causal=False if cfg.sliding_window else None,
     )
     return DFlashDrafter(dcfg).bind(target)
+
+
+def grow(drafter: DFlashDrafter, n_layers: int) -> DFlashDrafter:
+    """A deeper copy of `drafter` that drafts exactly as it does: its layers, then new ones whose output
+    projections start at zero, so each new layer adds nothing to the residual stream until training moves
+    it (a fine-tune starts from the trained drafter's τ, not from a fresh layer's noise)."""
+    cfg = drafter.config
+    extra = n_layers - cfg.num_hidden_layers
+    if extra < 0:
+        raise ValueError(f"cannot grow a {cfg.num_hidden_layers}-layer drafter to {n_layers} layers")
+    if cfg.quantization:
+        raise ValueError("cannot grow a quantized drafter; train from its float weights")
+    types = cfg.layer_types + cfg.layer_types[-1:] * extra if cfg.layer_types else None
+    deeper = DFlashDrafter(replace(cfg, num_hidden_layers=n_layers, layer_types=types))
+    deeper.load_weights(list(tree_flatten(drafter.parameters())), strict=False)
+    for layer in deeper.layers[cfg.num_hidden_layers:]:
+        for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
+            proj.update({k: mx.zeros_like(v) for k, v in proj.parameters().items()})
+    mx.eval(deeper.parameters())
+    return deeper.bind(drafter._target) if drafter._target is not None else deeper
 
 
 def block_batch(tokens: list[int], prompt_len: int, n: int, block: int, mask: int, rng) -> tuple:
