@@ -1,6 +1,7 @@
 """The drafter trainer: it learns, resumes, and writes drafters the loader accepts."""
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx.optimizers as optim
@@ -167,6 +168,9 @@ def test_a_grown_drafter_drafts_as_before_then_trains_its_new_layer(tmp_path, sh
     assert json.loads((path / "config.json").read_text())["num_hidden_layers"] == 3
     with pytest.raises(ValueError, match="cannot grow"):
         grow(deeper, 2)
+    shallower.config = replace(shallower.config, quantization={"group_size": 64, "bits": 4})
+    with pytest.raises(ValueError, match="quantized"):
+        grow(shallower, 2)
 
 
 def test_train_drafter_grows_but_never_shrinks_an_initial_drafter(tmp_path, capsys, shallow):
