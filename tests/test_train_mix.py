@@ -156,6 +156,20 @@ def test_raw_prompts_and_eval_sets(fake_sources, tmp_path):
     assert {p["kind"] for p in prompts} == {"code", "chat", "raw-code", "long"}
 
 
+def test_a_mix_after_another_keeps_its_rows_first_and_adds_what_it_lacks(tmp_path):
+    pool = [{"kind": k, "text": f"{k} {'x' * (5 - i)}{i}"} for i in range(5) for k in ("code", "chat")]
+    done = [pool[0], pool[1], pool[0]]  # duplicates in the first mix: every copy counts as answered
+    src, first, out = tmp_path / "pool.jsonl", tmp_path / "first.jsonl", tmp_path / "out.jsonl"
+    mix.write(src, pool)
+    mix.write(first, done)
+    subprocess.run([sys.executable, "-m", "mlx_spec.train.mix", str(out), "--from", str(src), "--after", str(first),
+                    "--code", "2", "--chat", "1", "--raw", "0", "--long", "0"], check=True, capture_output=True)
+    got = mix.read(out)
+    assert got[:3] == done  # their ids, and so their generated answers, are kept
+    assert sorted(r["text"] for r in got[3:]) == ["chat xxxx1", "code xxx2", "code xxxx1"]
+    assert [len(r["text"]) for r in got[3:]] == sorted(len(r["text"]) for r in got[3:])  # shortest first
+
+
 def test_a_subset_takes_the_first_of_each_kind_shuffled(tmp_path):
     rows = [{"kind": k, "text": f"{k} {i}"} for i in range(5) for k in ("code", "chat", "raw-code", "long")]
     src, out = tmp_path / "mix.jsonl", tmp_path / "sub.jsonl"

@@ -88,6 +88,18 @@ def subset(prompts: list[dict], counts: dict[str, int], seed: int = 0) -> list[d
     return out
 
 
+def after(done: list[dict], pool: list[dict], counts: dict[str, int]) -> list[dict]:
+    """`done`, then up to counts[kind] prompts of each kind from `pool` that `done` lacks (in the pool's
+    order), shortest first by characters: a bigger mix whose first rows keep their ids, so answers already
+    generated for `done` are reused (train-drafter resumes its data.jsonl by id)."""
+    seen, left, new = {json.dumps(p, sort_keys=True) for p in done}, dict(counts), []
+    for p in pool:
+        if json.dumps(p, sort_keys=True) not in seen and left.get(p.get("kind"), 0) > 0:
+            new.append(p)
+            left[p["kind"]] -= 1
+    return done + sorted(new, key=lambda p: len(json.dumps(p)))
+
+
 def within(prompts: list[dict], tokenizer, lo: int, hi: int) -> list[dict]:
     """Prompts whose encoded length (as the generation loop encodes them) lies in [lo, hi]."""
     from .data import encode
@@ -106,6 +118,10 @@ def _tokenizer(model: str | None):
     from ..loading import load
 
     return load(model, drafter=None)[1]
+
+
+def read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def write(path: Path, prompts: list[dict]) -> None:
@@ -130,14 +146,21 @@ if __name__ == "__main__":
     parser.add_argument("--model", default=None, help="target whose tokenizer bounds the long prompts")
     parser.add_argument("--from", dest="source", type=Path, default=None,
                         help="take the first --code/--chat/--raw/--long prompts of each kind from this mix, shuffled")
+    parser.add_argument("--after", type=Path, default=None,
+                        help="with --from: this mix first, then up to --code/--chat/--raw/--long prompts of the "
+                             "source that it lacks (its answers are reused)")
     parser.add_argument("--by-length", action="store_true",
                         help="with --from: order by encoded length (answered in batches of alike lengths)")
     args = parser.parse_args()
     cfg = corpus.CorpusConfig(docs=args.docs)
     if args.source is not None:
-        rows = [json.loads(line) for line in args.source.read_text().splitlines() if line.strip()]
-        rows = subset(rows, {"code": args.code, "chat": args.chat, "raw-code": args.raw, "long": args.long})
-        write(args.out, by_length(rows, _tokenizer(args.model)) if args.by_length else rows)
+        rows = read(args.source)
+        counts = {"code": args.code, "chat": args.chat, "raw-code": args.raw, "long": args.long}
+        if args.after is not None:
+            write(args.out, after(read(args.after), rows, counts))
+        else:
+            rows = subset(rows, counts)
+            write(args.out, by_length(rows, _tokenizer(args.model)) if args.by_length else rows)
     elif args.eval:
         tok = _tokenizer(args.model)
         write(args.out / "raw-code.jsonl", raw_code_prompts(cfg, 40, held=True, newline=args.raw_newline))
