@@ -291,7 +291,8 @@ def _weights_files(path) -> str:
     folder = Path(path) if path is not None else None
     if folder is None or not folder.is_dir():
         return ""
-    return json.dumps([(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.glob("*.safetensors"))])
+    stats = [(f.name, f.stat()) for f in sorted(folder.glob("*.safetensors"))]
+    return json.dumps([(name, st.st_size, st.st_mtime_ns) for name, st in stats])
 
 
 def curve_key(model) -> str:

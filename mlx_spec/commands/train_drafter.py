@@ -60,13 +60,10 @@ def run(args) -> int:
 
         init = load_dflash(args.init_drafter, model.target, model.config)
         if args.layers is not None and args.layers != init.config.num_hidden_layers:
-            if args.layers < init.config.num_hidden_layers:
-                raise MlxSpecError(f"--layers {args.layers}: {args.init_drafter} has "
-                                   f"{init.config.num_hidden_layers}; a drafter can grow, not shrink")
             try:
                 init = grow(init, args.layers)
-            except ValueError as e:  # a quantized drafter
-                raise MlxSpecError(f"--layers {args.layers}: {e}") from None
+            except ValueError as e:  # fewer layers than it has, or a quantized drafter
+                raise MlxSpecError(f"--layers {args.layers}: {args.init_drafter}: {e}") from None
     prompts = read_prompts(args.prompts or builtin_prompts())
     held_out = set(range(0, len(prompts), max(1, len(prompts) // max(1, args.eval_prompts)))) if args.eval_prompts else set()
     args.out.mkdir(parents=True, exist_ok=True)

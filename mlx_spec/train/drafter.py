@@ -66,7 +66,8 @@ def grow(drafter: DFlashDrafter, n_layers: int) -> DFlashDrafter:
     cfg = drafter.config
     extra = n_layers - cfg.num_hidden_layers
     if extra < 0:
-        raise ValueError(f"cannot grow a {cfg.num_hidden_layers}-layer drafter to {n_layers} layers")
+        raise ValueError(f"cannot grow a {cfg.num_hidden_layers}-layer drafter to {n_layers} layers: "
+                         "a drafter can grow, not shrink")
     if cfg.quantization:
         raise ValueError("cannot grow a quantized drafter; train from its float weights")
     types = cfg.layer_types + cfg.layer_types[-1:] * extra if cfg.layer_types else None
