@@ -12,8 +12,14 @@ requests decode together, and each round is charged the calibrated batched costs
 from __future__ import annotations
 
 import statistics
+from typing import NamedTuple
 
 from .bench import encode
+
+
+def kind_of(prompts: list) -> str:
+    """The kind whose estimates the server's controller would start these requests from."""
+    return "raw" if all(isinstance(p, dict) for p in prompts) else "chat"
 
 
 def modeled_rate(model, tokenizer, ids: list[int], max_tokens: int, lengths, curve) -> tuple[int, float]:
@@ -48,7 +54,7 @@ def compare(model, tokenizer, sets: dict, curve, max_tokens: int, config=None) -
                 continue
             memory = ControllerMemory()
             for _ in range(2):
-                lengths = AdaptiveLength(curve, top, config, memory=memory, clock=None)
+                lengths = AdaptiveLength(curve, top, config, memory=memory, clock=None, kind=kind_of([prompt]))
                 auto = modeled_rate(model, tokenizer, ids, max_tokens, lengths, curve)
             rates = [n / s for n, s in fixed]
             best = max(range(top + 1), key=lambda k: rates[k])
@@ -60,32 +66,51 @@ def compare(model, tokenizer, sets: dict, curve, max_tokens: int, config=None) -
     return rows
 
 
-def batched_rate(model, tokenizer, prompts: list, rows: int, max_tokens: int, lengths, curve) -> tuple[int, float]:
-    """(tokens, modeled seconds) of `rows` greedy generations of the prompts (cycled) decoded together, as
-    the server's batched rounds run: each round charged the calibrated batched target pass over the live
-    requests' blocks padded to the widest and their contexts to the longest, and one drafter pass for the
-    drafting ones (what `controller.plan_batch` plans with). Prefills cost every policy the same and are not
-    charged. `lengths()`: a new request's draft lengths."""
+class BatchRun(NamedTuple):
+    tokens: int
+    seconds: float
+    busy_tokens: int  # ...of the rounds that ran `rows` requests (the served benchmark's "all clients busy")
+    busy_seconds: float
+
+
+def batched_rate(model, tokenizer, prompts: list, rows: int, max_tokens: int, lengths, curve,
+                 requests: int | None = None) -> BatchRun:
+    """Tokens and modeled seconds of `requests` (default: `rows`) greedy generations of the prompts (cycled),
+    at most `rows` decoding together, as the server's batched rounds run them under `rows` clients that each
+    send their next request when the last ends: each round charged the calibrated batched target pass over
+    the live requests' blocks padded to the widest and their contexts to the longest, and one drafter pass for
+    the drafting ones (what `controller.plan_batch` plans with). Prefills cost every policy the same and are
+    not charged. `lengths()`: a new request's draft lengths."""
     from .generate import make_generation, step_all
 
-    live = [make_generation(model, tokenizer, encode(tokenizer, prompts[i % len(prompts)]), max_tokens,
-                            draft_lengths=lengths()) for i in range(rows)]
-    tokens, seconds = sum(len(g.start().tokens) for g in live), 0.0
-    live = [g for g in live if not g.finished]
-    while live:
+    queue = [encode(tokenizer, prompts[i % len(prompts)]) for i in range(requests or rows)]
+    live, tokens, seconds, busy = [], 0, 0.0, [0, 0.0]
+    while queue or live:
+        while queue and len(live) < rows:  # a client whose request ended sends its next one
+            g = make_generation(model, tokenizer, queue.pop(0), max_tokens, draft_lengths=lengths())
+            tokens += len(g.start().tokens)
+            live += [] if g.finished else [g]
+        if not live:
+            continue
         context = max(len(g.state.pc.tokens) for g in live)
         done = step_all(model, live)
         width, drafting = 1 + max(r.drafted for r in done), sum(1 for r in done if r.drafted)
-        seconds += curve.batch_time(len(live), width, context) + curve.draft_time(drafting, width - 1, context)
-        tokens += sum(len(r.tokens) for r in done)
+        cost, made = curve.batch_time(len(live), width, context) + curve.draft_time(drafting, width - 1, context), \
+            sum(len(r.tokens) for r in done)
+        tokens, seconds = tokens + made, seconds + cost
+        if len(live) == rows:
+            busy = [busy[0] + made, busy[1] + cost]
         live = [g for g in live if not g.finished]
-    return tokens, seconds
+    return BatchRun(tokens, seconds, *busy)
 
 
-def compare_batched(model, tokenizer, sets: dict, curve, max_tokens: int, rows: list[int], config=None) -> list[dict]:
+def compare_batched(model, tokenizer, sets: dict, curve, max_tokens: int, rows: list[int], config=None,
+                    per_client: int = 3) -> list[dict]:
     """Per prompt kind and batch size: modeled tokens per second of plain decoding, of every fixed block
     for all requests alike, and of auto (`plan_batch`: each request's own length, in one pass), each over
-    plain; and auto over the best fixed block (the ceiling a uniform block reaches)."""
+    plain; and auto over the best fixed block (the ceiling a uniform block reaches). Each as the served
+    benchmark runs it: `rows` clients sending `per_client` requests each, one after another; over the whole
+    run and over its rounds of `rows` requests ("busy": before the first clients are done)."""
     from .controller import AdaptiveLength, ControllerConfig, ControllerMemory
     from .engine.loop import FixedLength
 
@@ -93,17 +118,21 @@ def compare_batched(model, tokenizer, sets: dict, curve, max_tokens: int, rows: 
     out = []
     for kind, prompts in sets.items():
         for b in rows:
-            fixed = [batched_rate(model, tokenizer, prompts, b, max_tokens, lambda k=k: FixedLength(k), curve)
-                     for k in range(top + 1)]
+            fixed = [batched_rate(model, tokenizer, prompts, b, max_tokens, lambda k=k: FixedLength(k), curve,
+                                  b * per_client) for k in range(top + 1)]
             memory = ControllerMemory()
-            for _ in range(2):  # the second batch starts from the first's estimates, as a server's next requests do
-                auto = batched_rate(model, tokenizer, prompts, b, max_tokens,
-                                    lambda: AdaptiveLength(curve, top, config, memory=memory, clock=None), curve)
-            rates = [n / s for n, s in fixed]
-            best = max(range(top + 1), key=lambda k: rates[k])
-            out.append({"kind": kind, "rows": b, "tokens": auto[0], "over_plain": [r / rates[0] for r in rates],
-                        "auto_over_plain": auto[0] / auto[1] / rates[0], "best_block": best + 1,
-                        "auto_over_best": auto[0] / auto[1] / rates[best]})
+            for n in (b, b * per_client):  # the run starts from a batch's estimates, as a server's next requests do
+                auto = batched_rate(model, tokenizer, prompts, b, max_tokens, lambda: AdaptiveLength(
+                    curve, top, config, memory=memory, clock=None, kind=kind_of(prompts)), curve, n)
+            rates = [r.tokens / r.seconds for r in fixed]
+            busy = [r.busy_tokens / r.busy_seconds for r in fixed]
+            best = max(range(top + 1), key=lambda k: busy[k])
+            auto_busy = auto.busy_tokens / auto.busy_seconds
+            out.append({"kind": kind, "rows": b, "tokens": auto.tokens, "over_plain": [r / rates[0] for r in rates],
+                        "busy_over_plain": [r / busy[0] for r in busy],
+                        "auto_over_plain": auto.tokens / auto.seconds / rates[0],
+                        "auto_busy_over_plain": auto_busy / busy[0], "best_block": best + 1,
+                        "auto_over_best": auto_busy / busy[best]})
     return out
 
 
@@ -125,9 +154,13 @@ def show_batched(rows: list[dict]) -> None:
     from rich.table import Table
 
     t = Table(title="modeled batched rounds: each charged its calibrated batched cost (not timed); speeds over plain")
-    for col in ("kind", "rows", "fixed block 2…B over plain", "auto over plain", "auto / best fixed (best block)"):
+    for col in ("kind", "rows", "fixed block 2…B over plain, busy", "auto over plain: busy (whole run)",
+                "auto / best fixed, busy (best block)"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["kind"], str(r["rows"]), " ".join(f"{x:.2f}" for x in r["over_plain"][1:]),
-                  f"{r['auto_over_plain']:.2f}", f"{r['auto_over_best']:.3f} ({r['best_block']})")
+        t.add_row(r["kind"], str(r["rows"]), " ".join(f"{x:.2f}" for x in r["busy_over_plain"][1:]),
+                  f"{r['auto_busy_over_plain']:.2f} ({r['auto_over_plain']:.2f})",
+                  f"{r['auto_over_best']:.3f} ({r['best_block']})")
+    t.caption = ("busy: the rounds that ran all the rows, before the first clients were done; the whole run adds its "
+                 "end, fewer rows a round")
     Console(width=160).print(t)

@@ -55,20 +55,45 @@ class ControllerConfig:
     lift: float = 0.25
     follow: float = 0.1  # how fast the cost scales follow measured rounds
     recontext: int = 32  # the context grew this many tokens since the last choice: choose again
+    remember: int = 8  # the memory's estimates are the mean of this many recent requests' (`ControllerMemory`)
 
 
 @dataclass
 class ControllerMemory:
-    """What a request learnt that the next one with this pair starts from."""
+    """What requests learnt that the next one with this pair starts from."""
 
-    alphas: list[float] | None = None  # acceptance estimates per draft position, the last request's
+    alphas: list[float] | None = None  # acceptance estimates per draft position: recent requests' mean
     # the same per kind of request ("chat", "raw"): chat answers and raw continuations accept so differently
     # that code requests after raw ones, starting from raw's estimates, stayed plain until probes lifted them
     by_kind: dict[str, list[float]] = field(default_factory=dict)
+    # the latest estimates of each of the last few requests (by kind; None: every kind), whose mean those are:
+    # at 8 rows of raw completions, the last request's alone was often one row's lucky run (7 of 7 accepted),
+    # and 8 new rows starting from it drafted 7 tokens each for 12 tokens, 3 plain rounds' cost
+    recent: dict = field(default_factory=dict)
+    enrolled: int = 0  # requests that started from this memory: each one's number keys its entry in `recent`
     cost_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # plain, drafting: real / calibrated
     batch_scale: list[float] = field(default_factory=lambda: [1.0, 1.0])  # the same for batched rounds
     batch_tick: tuple | None = None  # (time, its requests, drafting, predicted seconds) of the last batched round
     batch_off: int = 0  # batched rounds in a row where nobody drafted (see `plan_batch`'s probes)
+
+    def enroll(self) -> int:
+        self.enrolled += 1
+        return self.enrolled
+
+    def record(self, kind: str | None, request: int, alphas: list[float], remember: int) -> None:
+        """A request's (`request`: its `enroll` number) latest estimates: the mean of the last `remember`
+        requests' becomes the memory's."""
+        for key in {kind, None}:
+            recent = self.recent.setdefault(key, {})
+            recent.pop(request, None)
+            recent[request] = alphas  # (the dict keeps the order requests last spoke in)
+            while len(recent) > remember:
+                recent.pop(next(iter(recent)))
+            mean = [sum(a[i] for a in recent.values()) / len(recent) for i in range(len(alphas))]
+            if key is None:
+                self.alphas = mean
+            else:
+                self.by_kind[key] = mean
 
 
 class AdaptiveLength:
@@ -100,18 +125,19 @@ class AdaptiveLength:
                  kind: str | None = None):
         self.curve, self.max_k, self.cfg = curve, min(max_k, curve.max_drafts), config
         self.memory, self.clock, self.kind = memory, clock, kind
+        self.number = memory.enroll() if memory is not None else 0
         start = None if memory is None else memory.by_kind.get(kind, memory.alphas)
         # estimates a request of its own kind left: tested already, so no probes of its own (`fresh`)
         self.tested = memory is not None and kind is not None and kind in memory.by_kind
         self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
         self.source, self._sources = None, {}  # the source whose estimates these are; the others' (`_use`)
-        if start:  # start from the last request's estimates (of this kind), lightly held
+        if start:  # start from recent requests' estimates (of this kind), lightly held
             for i, a in enumerate(start[: self.max_k]):
                 self.hits[i], self.trials[i] = a * config.weight, config.weight
         self.cost_scale = list(memory.cost_scale) if memory is not None else [1.0, 1.0]
         self.can_pay = best_length(curve, [config.hopeful] * self.max_k, self.max_k, config.margin) > 0
         self.interval, self.rounds_off = config.probe_every, 0
-        if start:  # the last request's text may have been another kind of text
+        if start:  # recent requests' text may have been another kind of text
             self.rounds_off = max(0, config.probe_every - config.first_probe)
         self._choice: int | None = None  # best_length for the current estimates and costs
         self._scale_chosen = list(self.cost_scale)
@@ -199,9 +225,7 @@ class AdaptiveLength:
         if self.memory is not None:
             # whichever source drafted: the next request starts from it (the model's misses alone on raw text,
             # where lookup drafted the rest, left the requests after it plain: three probes could not lift them)
-            self.memory.alphas = self.estimates()
-            if self.kind is not None:
-                self.memory.by_kind[self.kind] = self.memory.alphas
+            self.memory.record(self.kind, self.number, self.estimates(), self.cfg.remember)
 
     def expect(self, source: str | None) -> None:
         """The next round will likely draft from `source` (the drafter's guess, engine/cache.py

@@ -178,7 +178,7 @@ def check_block_size(model: Loaded, block_size: int | None) -> None:
 
 
 def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool, kind: str | None = None):
-    """Fixed draft lengths, or the adaptive controller (starting from the estimates of the last request
+    """Fixed draft lengths, or the adaptive controller (starting from the estimates of recent requests
     of this kind). Any lengths keep output exact, seeded sampled output included (its tokens do not
     depend on the draft lengths: see `engine/sampling.py`)."""
     drafter = model.drafter

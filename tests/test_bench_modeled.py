@@ -61,12 +61,21 @@ def test_batched_rounds_are_charged_the_batched_costs(pair):
     model, tok = pair
     c = batch_curve(model.drafter.block_size, 0.1)
     prompt = {"raw": "def add(a, b):"}
-    n, seconds = batched_rate(model, tok, [prompt], 2, 20, lambda: FixedLength(0), c)
+    n, seconds, *_ = batched_rate(model, tok, [prompt], 2, 20, lambda: FixedLength(0), c)
     # both rows decode the same 20 tokens (the first from the prefill, uncharged), a plain pass of 2 rows a round
     assert n == 40 and seconds == pytest.approx(19 * c.batch_time(2, 1))
-    n, seconds = batched_rate(model, tok, [prompt], 2, 20, lambda: FixedLength(3), c)
+    n, seconds, *_ = batched_rate(model, tok, [prompt], 2, 20, lambda: FixedLength(3), c)
     rounds = seconds / (c.batch_time(2, 4) + c.draft_time(2, 3))  # every round 4 wide, both rows drafting...
     assert n == 40 and 19 / 4 <= rounds <= 19  # ...but the last ones, narrower (the tokens still wanted)
+
+
+def test_two_clients_send_five_requests_one_after_another(pair):
+    """A client's next request joins the batch as its last ends; "busy" counts the rounds of two rows only."""
+    model, tok = pair
+    c = batch_curve(model.drafter.block_size, 0.1)
+    run = batched_rate(model, tok, [{"raw": "def add(a, b):"}], 2, 20, lambda: FixedLength(0), c, requests=5)
+    assert run.tokens == 100 and run.seconds == pytest.approx(38 * c.batch_time(2, 1) + 19 * c.batch_time(1, 1))
+    assert run.busy_tokens == 76 and run.busy_seconds == pytest.approx(38 * c.batch_time(2, 1))
 
 
 def test_batched_auto_stays_plain_where_wide_passes_cannot_pay(pair):

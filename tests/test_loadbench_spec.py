@@ -44,10 +44,18 @@ def test_table_pairs_spec_and_plain_servers(capsys):
     assert [(r["kind"], r["clients"]) for r in rows] == [("code", 1), ("code", 3), ("raw", 1), ("raw", 3)]
     assert all(r["spec_tps"] > 0 and r["plain_tps"] > 0 and len(r["ratios"]) == 1 for r in rows)
     assert all(r["spec_tokens_per_cpu_s"] >= 0 and "cpu_ratio" in r for r in rows)  # this process stands in for both
+    assert all(r["steady_ratio"] > 0 and len(r["steady_ratios"]) == 1 for r in rows)
     paths = {p for p, _ in spec_seen}
     assert paths == {"/v1/chat/completions", "/v1/completions"} == {p for p, _ in plain_seen}
     raw = [b for p, b in spec_seen if p == "/v1/completions"]
     assert raw and all("prompt" in b and b["temperature"] == 0.0 for b in raw)  # raw text, no chat template
+
+
+def test_steady_rate_counts_the_time_every_client_was_busy():
+    """Client A: two requests of 10 tokens, 0-1 s and 1-2 s; client B: one of 30 tokens, 0-3 s. All busy from 0
+    to 2 s: A's 20 tokens and two thirds of B's 30, 40 tokens in 2 s (the whole run: 50 in 3 s)."""
+    assert loadbench_spec.steady_rate([[(0.0, 1.0, 10), (1.0, 2.0, 10)], [(0.0, 3.0, 30)]]) == 20.0
+    assert loadbench_spec.steady_rate([[(0.0, 1.0, 10)], [(2.0, 3.0, 10)]]) is None  # never both busy
 
 
 def test_a_server_that_fails_fails_the_benchmark():

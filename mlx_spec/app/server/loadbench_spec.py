@@ -8,7 +8,8 @@ Each client count runs both servers in turn (spec, plain, spec, plain, ...), so 
 load hits both alike; every client sends its requests one after another. Reported per prompt kind
 (chat-formatted code requests; raw code continuations through /v1/completions; `long`: ~800-token
 source excerpts with a request): aggregate completion
-tokens per second of each server, and the median of the paired ratios. `--json` for machines.
+tokens per second of each server, and the median of the paired ratios: over the whole run, and while every
+client had a request in flight (`steady_rate`). `--json` for machines.
 """
 
 from __future__ import annotations
@@ -75,17 +76,33 @@ def cpu_seconds(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def steady_rate(spans: list[list[tuple[float, float, int]]]) -> float | None:
+    """Tokens per second while every client had a request in flight: from the last client's first request
+    sent to the first client's last answer, each request's tokens counted for the share of its time inside
+    that window (None: no such window). Its end, after the clients that finished first left, runs fewer
+    requests a round than the clients asked for: another concurrency, and one a plain server never reaches,
+    its requests all ending in the same round (at 8 clients of 3 requests, a quarter of a speculative run)."""
+    start, end = max(s[0][0] for s in spans), min(s[-1][1] for s in spans)
+    if end <= start:
+        return None
+    inside = sum(n * max(0.0, min(b, end) - max(a, start)) / (b - a) for s in spans for a, b, n in s if b > a)
+    return inside / (end - start)
+
+
 def load(url: str, kind: str, prompts: list[str], clients: int, per_client: int, args, pid: int | None = None):
-    """Aggregate completion tokens per second with `clients` clients each sending `per_client` requests,
-    and per CPU-second of the server process when its pid is known (0.0 otherwise): on a shared machine
-    the CPU time a server spends is much less sensitive to other jobs than the wall time."""
-    tokens, errors = [0] * clients, []
+    """Aggregate completion tokens per second with `clients` clients each sending `per_client` requests:
+    over the whole run, per CPU-second of the server process when its pid is known (0.0 otherwise: on a
+    shared machine the CPU time a server spends is much less sensitive to other jobs than the wall time),
+    and while all clients were busy (`steady_rate`)."""
+    spans, errors = [[] for _ in range(clients)], []
     cpu = cpu_seconds(pid)
 
     def client(c):
         try:
             for j in range(per_client):
-                tokens[c] += request(url, kind, prompts[(c * per_client + j) % len(prompts)], args)
+                sent = time.perf_counter()
+                n = request(url, kind, prompts[(c * per_client + j) % len(prompts)], args)
+                spans[c].append((sent, time.perf_counter(), n))
         except Exception as e:  # a refused or failed request fails the benchmark, not only its thread
             errors.append(e)
 
@@ -98,7 +115,8 @@ def load(url: str, kind: str, prompts: list[str], clients: int, per_client: int,
     if errors:
         raise SystemExit(f"{url}: {errors[0]}")
     wall, cpu = time.perf_counter() - tic, cpu_seconds(pid) - cpu
-    return sum(tokens) / wall, sum(tokens) / cpu if cpu > 0 else 0.0
+    tokens = sum(n for s in spans for _, _, n in s)
+    return tokens / wall, tokens / cpu if cpu > 0 else 0.0, steady_rate(spans)
 
 
 def main(argv=None) -> int:
@@ -128,6 +146,8 @@ def main(argv=None) -> int:
             row = {"kind": kind, "clients": n, "spec_tps": statistics.median(s[0] for s, _ in pairs),
                    "plain_tps": statistics.median(q[0] for _, q in pairs),
                    "ratio": statistics.median(s[0] / q[0] for s, q in pairs), "ratios": [s[0] / q[0] for s, q in pairs]}
+            steady = [s[2] / q[2] for s, q in pairs if s[2] and q[2]]
+            row.update(steady_ratio=statistics.median(steady) if steady else None, steady_ratios=steady)
             if args.spec_pid and args.plain_pid:
                 cpu = [s[1] / q[1] for s, q in pairs if s[1] and q[1]]  # none: too little CPU time to count
                 row["cpu_ratio"] = statistics.median(cpu) if cpu else None
@@ -136,6 +156,7 @@ def main(argv=None) -> int:
             rows.append(row)
             if not args.json:
                 cpu = f" | per CPU-second {row['cpu_ratio']:.2f}x" if row.get("cpu_ratio") else ""
+                cpu += f" | all clients busy {row['steady_ratio']:.2f}x" if steady else ""
                 print(f"{kind:5s} {n:3d} clients | spec {row['spec_tps']:7.1f} tok/s | no-draft {row['plain_tps']:7.1f}"
                       f" tok/s | {row['ratio']:.2f}x (pairs {' '.join(f'{r:.2f}' for r in row['ratios'])}){cpu}",
                       flush=True)
