@@ -16,6 +16,7 @@ import time
 from types import SimpleNamespace
 
 from mlx_spec.bench import encode
+from mlx_spec.bench_modeled import kind_of
 from mlx_spec.calibrate import calibrated_curve
 from mlx_spec.commands.bench import prompt_sets
 from mlx_spec.controller import AdaptiveLength, ControllerConfig, ControllerMemory
@@ -80,7 +81,7 @@ def main():
     top, cfg, memory = model.drafter.block_size - 1, config(args.config), ControllerMemory()
     variants = {"plain": lambda: FixedLength(0), "no drafter": None,
                 **{f"block {b}": (lambda b=b: FixedLength(b - 1)) for b in map(int, args.blocks.split(","))},
-                "auto": lambda: AdaptiveLength(curve, top, cfg, memory=memory)}
+                "auto": lambda: AdaptiveLength(curve, top, cfg, memory=memory, kind=kind_of(prompts))}
     decode(model, tok, prompts, args.rows, args.max_tokens, variants["auto"], args.per_slot)  # warm-up; the memory
     rates = {name: [] for name in variants}
     for _ in range(args.repeats):
