@@ -89,7 +89,7 @@ class ControllerMemory:
             recent[request] = alphas  # (the dict keeps the order requests last spoke in)
             while len(recent) > remember:
                 recent.pop(next(iter(recent)))
-            mean = [sum(a[i] for a in recent.values()) / len(recent) for i in range(len(alphas))]
+            mean = [sum(a[i] for a in recent.values()) / len(recent) for i in range(min(map(len, recent.values())))]
             if key is None:
                 self.alphas = mean
             else:
