@@ -361,3 +361,20 @@ def test_init_from_takes_a_model_or_a_checkpoint(fake_sources, tmp_path, capsys)
 
     assert main(["train-target", "--out", str(tmp_path / "d"), "--init-from", str(tmp_path / "nope")]) == 2
     assert "neither an exported model" in capsys.readouterr().err and not (tmp_path / "d").exists()
+
+
+def test_chat_questions_are_single_substantive_messages(monkeypatch):
+    """Openers and the users' questions, 20-150 characters, each once, never an excluded (evaluation) text."""
+    talks = [[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello! How are you doing today?"},
+              {"role": "user", "content": "Good. What kind of music do you like?"}],
+             [{"role": "user", "content": "I just adopted a puppy, she is tiny!"},
+              {"role": "assistant", "content": "Nice"}, {"role": "user", "content": "Do you like dogs more than cats?"}],
+             [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hey"},
+              {"role": "user", "content": "Good. What kind of music do you like?"},
+              {"role": "user", "content": "Why? " + "x" * 200 + "?"}]]
+    monkeypatch.setattr(corpus, "chitchat_chats", lambda: iter(talks))
+    got = corpus.chat_questions(10, exclude={"Do you like dogs more than cats?"})
+    texts = sorted(p["messages"][0]["content"] for p in got)
+    assert texts == ["Good. What kind of music do you like?", "I just adopted a puppy, she is tiny!"]
+    assert all(p["kind"] == "chat" and len(p["messages"]) == 1 and p["messages"][0]["role"] == "user" for p in got)
+    assert corpus.chat_questions(10, exclude=set()) != [] and len(corpus.chat_questions(1)) == 1

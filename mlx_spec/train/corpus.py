@@ -222,6 +222,18 @@ def describe(docs: list[tuple[str, str]]) -> str:
     return json.dumps({k: {"documents": n, "characters": c} for k, (n, c) in counts.items()})
 
 
+def chat_questions(n: int, seed: int = 0, exclude: set[str] = frozenset()) -> list[dict]:
+    """Single chat messages a person opens or asks with: the chit-chat conversations' substantive openers
+    and their users' questions (20-150 characters), deduplicated and shuffled. The conversations' first
+    turns alone repeat ("Hi", "Hello"), and a chat request is one message more often than a dialogue's end."""
+    chats = list(chitchat_chats())
+    texts = {m["content"] for c in chats for m in c if m["role"] == "user" and m["content"].endswith("?")}
+    texts |= {c[0]["content"] for c in chats if c}
+    texts = sorted(t for t in texts if 20 <= len(t) <= 150 and t not in exclude)
+    random.Random(seed).shuffle(texts)
+    return [{"kind": "chat", "messages": [{"role": "user", "content": t}]} for t in texts[:n]]
+
+
 def drafter_prompts(config: CorpusConfig, n_code: int = 2000, n_chat: int = 1000) -> list[dict]:
     """Prompts for the embedded pair's drafter data: code requests and chat openers from the corpus."""
     rng = random.Random(config.seed + 1)

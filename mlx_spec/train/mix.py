@@ -149,11 +149,19 @@ if __name__ == "__main__":
     parser.add_argument("--after", type=Path, default=None,
                         help="with --from: this mix first, then up to --code/--chat/--raw/--long prompts of the "
                              "source that it lacks (its answers are reused)")
+    parser.add_argument("--chat-questions", type=int, default=None, metavar="N",
+                        help="write N single chat messages (chit-chat openers and questions; none of the built-in "
+                             "evaluation prompts): a pool for --from")
     parser.add_argument("--by-length", action="store_true",
                         help="with --from: order by encoded length (answered in batches of alike lengths)")
     args = parser.parse_args()
     cfg = corpus.CorpusConfig(docs=args.docs)
-    if args.source is not None:
+    if args.chat_questions is not None:
+        from .data import builtin_prompts, read_prompts
+
+        held = {m["content"] for p in read_prompts(builtin_prompts()) for m in p.get("messages", [])}
+        write(args.out, corpus.chat_questions(args.chat_questions, seed=cfg.seed + 5, exclude=held))
+    elif args.source is not None:
         rows = read(args.source)
         counts = {"code": args.code, "chat": args.chat, "raw-code": args.raw, "long": args.long}
         if args.after is not None:
