@@ -4,7 +4,9 @@ On Metal each call shape is settled once by a quick on-device race between the
 twin and the kernel variants (a kernel must agree with the twin and be faster);
 the choice is cached in ~/.cache/mlx-spec/kernels.json, keyed by device, MLX
 version, shape and dtype. Everywhere else, or with `enabled=False`
-(`--no-kernels`), the twins run, and the results are bit-identical to mlx-lm's.
+(`--no-kernels`), the twins run, and the results are bit-identical to mlx-lm's;
+but on the CPU a verify block's attention at long context takes a base-2 softmax
+(cpu_attention.py; the same up to float rounding), unless `--no-kernels`.
 
 `patch_recurrence` (below) is applied on every backend, kernels on or off: on the CPU a verify block's
 Gated DeltaNet recurrence runs as one compiled graph, bit-identical to mlx-lm's loop; elsewhere (Metal:
@@ -26,6 +28,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama, qwen3
 
+from mlx_spec import cpu_attention
 from mlx_spec.metal_kernels import fused_accept as _acc
 from mlx_spec.metal_kernels import gated_delta_verify as _gdv
 from mlx_spec.metal_kernels import qmm_mma as _mma
@@ -54,6 +57,11 @@ class KernelConfig:
     @property
     def active(self) -> bool:
         return self.enabled and (self.make_kernel is not None or metal_available())
+
+    @property
+    def on_cpu(self) -> bool:
+        """Verify blocks may take the CPU's own attention formulation (cpu_attention.py)."""
+        return self.enabled and mx.default_device() == mx.cpu
 
     def kernel(self, spec):
         return self.make_kernel(spec) if self.make_kernel else spec.metal()
@@ -182,11 +190,15 @@ def _attn_split(s: int) -> int:
     return 128 if s <= 2048 else 256
 
 
-def verify_attention(queries, keys, values, *, scale: float, config: Optional[KernelConfig] = None):
-    """Causal SDPA of a verify block: queries (B, Hq, L, D) at the last L positions
-    of keys/values (B, Hkv, S, D). Same result as `mx.fast.scaled_dot_product_attention(
-    ..., mask="causal")`; the kernel serves 2 <= L <= 16."""
+def verify_attention(queries, keys, values, *, scale: float, mask="causal", config: Optional[KernelConfig] = None):
+    """SDPA of a verify block: queries (B, Hq, L, D) at the last L positions of keys/values (B, Hkv, S, D),
+    causal (or a boolean mask). Same result as `mx.fast.scaled_dot_product_attention`; the Metal kernel
+    serves causal blocks of 2 <= L <= 16, the CPU's base-2 softmax (cpu_attention.py) long contexts."""
     config = config or KernelConfig(enabled=False)
+    if config.enabled and cpu_attention.pays(queries, keys, mask):
+        return cpu_attention.attention(queries, keys, values, scale=scale, mask=mask)
+    if not (isinstance(mask, str) and mask == "causal"):
+        return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
     cands = {"ref": lambda: _attn.verify_attention_ref(queries, keys, values, scale=scale)}
     L, S = queries.shape[2], keys.shape[2]
     if config.active and 2 <= L <= 16 and S >= L and queries.shape[-1] <= 256:
@@ -252,7 +264,8 @@ class _VerifyAttention:
         B, L, _ = x.shape
         cfg = self._kernel_config
         plain_cache = cache is not None and not hasattr(cache, "bits")
-        if not (cfg.active and 2 <= L <= 16 and plain_cache and isinstance(mask, str) and mask == "causal"):
+        causal = isinstance(mask, str) and mask == "causal"
+        if not (plain_cache and 2 <= L <= 16 and ((cfg.active and causal) or cfg.on_cpu)):
             return super().__call__(x, mask=mask, cache=cache)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k = q.reshape(B, L, self.n_heads, -1), k.reshape(B, L, self.n_kv_heads, -1)
@@ -262,7 +275,7 @@ class _VerifyAttention:
         v = v.reshape(B, L, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         q, k = self.rope(q, offset=cache.offset), self.rope(k, offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
-        out = verify_attention(q, k, v, scale=self.scale, config=cfg)
+        out = verify_attention(q, k, v, scale=self.scale, mask=mask, config=cfg)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
@@ -274,12 +287,8 @@ class VerifyLlamaAttention(_VerifyAttention, llama.Attention):
     pass
 
 
-SWAPS = {
-    nn.QuantizedLinear: VerifyQuantizedLinear,
-    nn.QuantizedEmbedding: VerifyQuantizedEmbedding,
-    qwen3.Attention: VerifyQwen3Attention,
-    llama.Attention: VerifyLlamaAttention,
-}
+ATTENTION_SWAPS = {qwen3.Attention: VerifyQwen3Attention, llama.Attention: VerifyLlamaAttention}
+SWAPS = {nn.QuantizedLinear: VerifyQuantizedLinear, nn.QuantizedEmbedding: VerifyQuantizedEmbedding, **ATTENTION_SWAPS}
 
 
 def _substitute(cls, layer, config):
@@ -288,18 +297,18 @@ def _substitute(cls, layer, config):
     return new
 
 
-def patch_model(model: nn.Module, config: KernelConfig) -> nn.Module:
-    """Swap the model's quantized layers and qwen3/llama attention modules for the
-    dispatching subclasses above (in place; exact classes only, so models with
-    other attention bodies keep theirs). Returns the model."""
-    found = [(path, m) for path, m in model.named_modules() if path and type(m) in SWAPS]
+def patch_model(model: nn.Module, config: KernelConfig, swaps: dict = SWAPS) -> nn.Module:
+    """Swap the model's quantized layers and qwen3/llama attention modules (or those of `swaps`) for
+    the dispatching subclasses above (in place; exact classes only, so models with other attention
+    bodies keep theirs). Returns the model."""
+    found = [(path, m) for path, m in model.named_modules() if path and type(m) in swaps]
     # children first, so a substituted parent holds the substituted children
     for path, m in sorted(found, key=lambda pm: -pm[0].count(".")):
         *parents, last = path.split(".")
         parent = model
         for p in parents:
             parent = parent[int(p)] if isinstance(parent, list) else parent[p]
-        new = _substitute(SWAPS[type(m)], m, config)
+        new = _substitute(swaps[type(m)], m, config)
         if isinstance(parent, list):
             parent[int(last)] = new
         else:

@@ -121,7 +121,7 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     relayout: lay float32 weights out row-major for `x @ W.T` (same values, faster products on the
         CPU's bundled BLAS); None: where that was measured to pay (cpu_layout.py).
     """
-    from .kernels import KernelConfig, patch_model, patch_recurrence
+    from .kernels import ATTENTION_SWAPS, KernelConfig, patch_model, patch_recurrence
     from .target import Target
 
     ref = str(target) if target is not None else str(registry_pkg.DEFAULT_TARGET)
@@ -130,6 +130,8 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     config_k = KernelConfig(enabled=kernels)
     if config_k.active:
         patch_model(model, config_k)
+    elif config_k.on_cpu:  # no kernels, but verify blocks take the CPU's own attention (cpu_attention.py)
+        patch_model(model, config_k, ATTENTION_SWAPS)
     patch_recurrence(model)  # kernels on or off: on the CPU a verify block's Gated DeltaNet recurrence in one graph, same floats
     if eval_every is None:
         eval_every = 2 if mx.default_device() == mx.cpu else 0
