@@ -5,8 +5,9 @@ block over S tokens of context takes H·L·S of them a layer: at 1,500 tokens, 1
 target's 24 ms 8-token verify were attention, against 0.3 ms of products. `2 ** x` runs ~2.4x faster
 than `exp(x)` there, so this softmax works in base 2 (log2 e folded into the queries' scale), and the
 query heads sharing a KV head go through one product (their rows stacked, the keys never broadcast).
-The same softmax up to float rounding (~1e-6 relative), not bit for bit: it serves verify blocks only,
-never the one-token passes that plain decoding matches mlx-lm with.
+The same softmax up to float rounding (~1e-6 relative), not bit for bit: the target takes it for verify
+blocks only, never for the one-token passes that plain decoding matches mlx-lm with (kernels.py); the
+DFlash drafters' blocks take it too (drafts are verified: they need no bit-identity).
 """
 
 from __future__ import annotations
@@ -38,17 +39,24 @@ def _exp2_faster() -> bool:
 
 
 def pays(queries: mx.array, keys: mx.array, mask) -> bool:
-    """Where this formulation runs instead of `mx.fast.scaled_dot_product_attention`: the CPU, a causal
-    or boolean mask, enough scores, and a machine whose exp is the slow part."""
+    """Where this formulation runs instead of `mx.fast.scaled_dot_product_attention`: the CPU, no mask, a
+    causal or a boolean one, enough scores, and a machine whose exp is the slow part."""
     B, H, L, _ = queries.shape
-    masks = (isinstance(mask, str) and mask == "causal") or (
+    masks = mask is None or (isinstance(mask, str) and mask == "causal") or (
         isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.ndim in (2, 4))
     return (masks and mx.default_device() == mx.cpu and B * H * L * keys.shape[2] >= MIN_SCORES
             and _exp2_faster())
 
 
-def attention(queries: mx.array, keys: mx.array, values: mx.array, *, scale: float, mask) -> mx.array:
-    """softmax(q kᵀ · scale, masked) v for queries (B, H, L, D) and keys/values (B, Hkv, S, D); mask
+def sdpa(queries: mx.array, keys: mx.array, values: mx.array, *, scale: float, mask=None) -> mx.array:
+    """`mx.fast.scaled_dot_product_attention`, or `attention` below where it pays."""
+    if pays(queries, keys, mask):
+        return attention(queries, keys, values, scale=scale, mask=mask)
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
+def attention(queries: mx.array, keys: mx.array, values: mx.array, *, scale: float, mask=None) -> mx.array:
+    """softmax(q kᵀ · scale, masked) v for queries (B, H, L, D) and keys/values (B, Hkv, S, D); mask None,
     "causal" (the block at the last L positions) or a boolean array that broadcasts to (B, H, L, S)."""
     B, H, L, D = queries.shape
     Hkv, S = keys.shape[1], keys.shape[2]
@@ -57,10 +65,11 @@ def attention(queries: mx.array, keys: mx.array, values: mx.array, *, scale: flo
     scores = (q @ keys.swapaxes(-1, -2)).reshape(B, Hkv, G, L, S).astype(mx.float32)
     if isinstance(mask, str):
         mask = mx.arange(S)[None] <= mx.arange(S - L, S)[:, None]
-    elif mask.ndim == 4:  # (B|1, H|1, L|1, S): its heads split as the queries' are
+    elif mask is not None and mask.ndim == 4:  # (B|1, H|1, L|1, S): its heads split as the queries' are
         b, h, l, s = mask.shape
         mask = mask.reshape(b, Hkv, G, l, s) if h == H else mask.reshape(b, 1, 1, l, s)
-    scores = mx.where(mask, scores, mx.finfo(mx.float32).min)  # as mx.fast: a row with no key left is uniform, not NaN
+    if mask is not None:  # (a row with no key left comes out uniform, as from mx.fast, not NaN)
+        scores = mx.where(mask, scores, mx.finfo(mx.float32).min)
     e = mx.power(2.0, scores - scores.max(axis=-1, keepdims=True))
     p = (e / e.sum(axis=-1, keepdims=True)).astype(values.dtype).reshape(B, Hkv, G * L, S)
     return (p @ values).reshape(B, H, L, D)

@@ -195,8 +195,8 @@ def verify_attention(queries, keys, values, *, scale: float, mask="causal", conf
     causal (or a boolean mask). Same result as `mx.fast.scaled_dot_product_attention`; the Metal kernel
     serves causal blocks of 2 <= L <= 16, the CPU's base-2 softmax (cpu_attention.py) long contexts."""
     config = config or KernelConfig(enabled=False)
-    if config.enabled and cpu_attention.pays(queries, keys, mask):
-        return cpu_attention.attention(queries, keys, values, scale=scale, mask=mask)
+    if config.on_cpu and not config.active:  # (a simulated kernel in the tests is active on the CPU)
+        return cpu_attention.sdpa(queries, keys, values, scale=scale, mask=mask)
     if not (isinstance(mask, str) and mask == "causal"):
         return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
     cands = {"ref": lambda: _attn.verify_attention_ref(queries, keys, values, scale=scale)}

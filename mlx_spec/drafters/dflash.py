@@ -17,6 +17,7 @@ import mlx.nn as nn
 from mlx_lm.models.qwen3 import MLP
 from mlx_lm.models.rope_utils import initialize_rope
 
+from .. import cpu_attention
 from ..errors import DrafterMismatchError, LoadError
 from ..model_files import check_safetensors, read_config
 from .base import Draft, load_strict, parse_config
@@ -144,7 +145,7 @@ class DFlashAttention(nn.Module):
             rows = max(ctx.shape[0], block.shape[0] if block.ndim == 4 else 1)
             mask = mx.concatenate([mx.broadcast_to(ctx, (rows, 1, L, n_ctx)),
                                    mx.broadcast_to(block, (rows, 1, L, L))], axis=-1)
-        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        out = cpu_attention.sdpa(q, k, v, scale=self.scale, mask=mask)  # (mx.fast's, but on x86 CPUs at long context)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(n, L, -1))
 
 
