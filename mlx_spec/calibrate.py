@@ -305,8 +305,9 @@ def curve_key(model) -> str:
              f"relaid={getattr(model, 'relaid', False)}",
              # rounds/11..: fastest repetitions, fitted lines, every shape timed in turn, long rounds in turn, spans,
              # dips levelled; /12: batched rows kept in slabs; /13: batched passes at a long context too;
-             # /14: batched costs from whole rounds; /15: verify blocks' CPU attention (cpu_attention.py)
-             "rounds/15"]
+             # /14: batched costs from whole rounds; /15: verify blocks' CPU attention (cpu_attention.py);
+             # /16: DFlash drafts of any length run the drafter's whole block
+             "rounds/16"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

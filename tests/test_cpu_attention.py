@@ -7,7 +7,7 @@ from mlx_lm.models import qwen3
 
 import factory
 import mlx_spec
-from mlx_spec import cpu_attention
+from mlx_spec import cpu_attention, kernels
 from mlx_spec.engine.sampling import SamplingParams
 from test_batch import alone, together
 from test_lossless_greedy import plain, spec
@@ -58,11 +58,25 @@ def test_where_it_runs(monkeypatch):
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Counts the verify blocks that went through cpu_attention (on any machine: its exp race is forced)."""
-    seen = []
-    real = cpu_attention.attention
+    """The blocks that went through cpu_attention, as (whose, queries' shape): "target" inside the target's
+    verify attention, else "drafter" (on any machine: its exp race is forced)."""
+    seen, inside = [], []
+    attention, verify = cpu_attention.attention, kernels.verify_attention
+
+    def spy_attention(*a, **kw):
+        seen.append(("target" if inside else "drafter", a[0].shape))
+        return attention(*a, **kw)
+
+    def spy_verify(*a, **kw):
+        inside.append(1)
+        try:
+            return verify(*a, **kw)
+        finally:
+            inside.pop()
+
     monkeypatch.setattr(cpu_attention, "_exp2_faster", lambda: True)
-    monkeypatch.setattr(cpu_attention, "attention", lambda *a, **kw: seen.append(a[0].shape) or real(*a, **kw))
+    monkeypatch.setattr(cpu_attention, "attention", spy_attention)
+    monkeypatch.setattr(kernels, "verify_attention", spy_verify)
     return seen
 
 
@@ -79,14 +93,17 @@ def test_long_context_greedy_matches_plain(target_dir, models_dir, calls):
         calls.clear()
         got, _ = spec(model, tok, LONG, 40, block_size=block)
         assert got == ref, block
-        assert max((shape[2] for shape in calls), default=0) == (block if block >= 8 else 0)  # 2 rows: too few scores
+        target = [shape for whose, shape in calls if whose == "target"]
+        assert max((shape[2] for shape in target), default=0) == (block if block >= 8 else 0)  # 2 rows: too few scores
+        assert {shape[2] for whose, shape in calls if whose == "drafter"} == {16}  # its whole block, always
 
 
 def test_no_kernels_keeps_the_targets_attention(target_dir, drafter_dir, calls):
     model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir), mode="dflash", kernels=False)
     assert type(model.model.layers[0].self_attn) is qwen3.Attention  # mlx-lm's own, unpatched
     got, _ = spec(model, tok, LONG, 20, block_size=8)
-    assert got == plain(target_dir, LONG, 20)  # (the drafter's blocks still take it: drafts need no identity)
+    assert got == plain(target_dir, LONG, 20)
+    assert calls and all(whose == "drafter" for whose, _ in calls)  # drafts need no identity
 
 
 def test_batched_rows_at_long_context_decode_as_alone(target_dir, drafter_dir, calls):
@@ -96,4 +113,4 @@ def test_batched_rows_at_long_context_decode_as_alone(target_dir, drafter_dir, c
     want = [alone(model, tok, r) for r in requests]
     calls.clear()
     assert together(model, tok, requests, join_at=[0, 0, 2]) == want
-    assert any(shape[0] > 1 for shape in calls)  # batched blocks (a boolean mask per row) took it too
+    assert any(whose == "target" and shape[0] > 1 for whose, shape in calls)  # batched blocks (a mask per row) too

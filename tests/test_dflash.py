@@ -54,6 +54,26 @@ def test_block_is_bidirectional_and_sees_context(pair):
     assert not mx.allclose(base[0, 1:], d.block_logits(state, 6, 4)[0, 1:]).item()
 
 
+def test_a_short_draft_is_the_whole_blocks_first_drafts(pair):
+    """Drafts of k < block-1 tokens come from the whole trained block, cut (a shorter block of mask slots is
+    outside what the drafter learnt), so they are the first k of the longest draft, greedy or sampled."""
+    from mlx_spec.engine.sampling import Sampler, SamplingParams
+
+    model, tok = pair
+    d = model.drafter
+    ids = tok.encode("def add(a, b):\n    return a + b\n")
+    state = d.make_state()
+    d.observe(state, context(model, ids), ids)
+    top = d.block_size - 1
+    greedy = Sampler(SamplingParams(), model.vocab_size).drafting(0)
+    longest = d.propose(state, 17, top, greedy).tokens.tolist()
+    for k in range(1, top):
+        assert d.propose(state, 17, k, greedy).tokens.tolist() == longest[:k]
+    sampled = Sampler(SamplingParams(temperature=5.0, seed=1), model.vocab_size).drafting(0)  # flat: every logit shows
+    q = d.propose(state, 17, top, sampled).q
+    assert mx.allclose(d.propose(state, 17, 3, sampled).q, q[:3], atol=1e-6).item()
+
+
 def test_sliding_causal_layers(tmp_path, target_dir):
     path = factory.make_drafter(tmp_path / "sw", target_dir, layers=2, layer_types=["sliding_attention", "full_attention"],
                                 sliding_window=4)
