@@ -105,7 +105,6 @@ class DSparkDrafter(DFlashDrafter):
     def first_slot(self) -> int:
         return self.logits_start
 
-
     def slot_logits(self, h: mx.array) -> mx.array:  # its own LM head, not the target's
         return self.lm_head(h).astype(mx.float32)
 
