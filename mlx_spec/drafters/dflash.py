@@ -116,12 +116,11 @@ class DFlashAttention(nn.Module):
         k = self.rope(self.k_norm(self._heads(self.k_proj(ctx), self.n_kv_heads)), offset=offset)
         return k, self._heads(self.v_proj(ctx), self.n_kv_heads)
 
-    def __call__(self, x, ctx_kv, start, window: int | None, causal: bool, ctx_mask=None, slot_mask=None):
+    def __call__(self, x, ctx_kv, start, window: int | None, causal: bool, ctx_mask=None):
         """x: [n, L, H] blocks starting at `start` (int, or [n] array: many blocks, each at its own place).
         ctx_kv: context keys/values, batch 1 (shared by all blocks) or n; ctx_mask: optional
         [n, 1, 1, S] visibility of context rows per block (training: rows before each anchor; batched
-        drafting: each request's own rows); slot_mask: optional [n, 1, 1, L] visibility of block slots
-        (batched drafting: the padding past a shorter block is hidden, so its rows come out as alone).
+        drafting: each request's own rows).
         """
         n, L, _ = x.shape
         q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
@@ -137,10 +136,8 @@ class DFlashAttention(nn.Module):
                 ck, cv = (mx.broadcast_to(a, (n,) + a.shape[1:]) for a in (ck, cv))
             k, v = mx.concatenate([ck, k], axis=2), mx.concatenate([cv, v], axis=2)
         mask = None
-        if causal or ctx_mask is not None or slot_mask is not None:
+        if causal or ctx_mask is not None:
             block = mx.arange(L)[None] <= mx.arange(L)[:, None] if causal else mx.ones((L, L), mx.bool_)
-            if slot_mask is not None:
-                block = block & slot_mask
             ctx = ctx_mask if ctx_mask is not None else mx.ones((1, 1, 1, n_ctx), mx.bool_)
             rows = max(ctx.shape[0], block.shape[0] if block.ndim == 4 else 1)
             mask = mx.concatenate([mx.broadcast_to(ctx, (rows, 1, L, n_ctx)),
@@ -157,8 +154,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None, slot_mask=None):
-        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, start, window, causal, ctx_mask, slot_mask)
+    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None):
+        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, start, window, causal, ctx_mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -216,8 +213,7 @@ class DFlashDrafter(nn.Module):
     def propose_batch(self, states: list, anchors: list[int], ks: list[int], samplings: list) -> list[Draft]:
         """Several requests' drafts from one drafter pass and one LM-head product (each block over its
         own context): what a batched verify round needs, for little more than one request's pass."""
-        slots = [self.slots(k) for k in ks]
-        h = self.blocks_hidden(states, anchors, slots)[:, self.first_slot : self.first_slot + max(ks)]
+        h = self.blocks_hidden(states, anchors)[:, self.first_slot : self.first_slot + max(ks)]
         logits = self.slot_logits(h)
         return [self.draft_from(h[i, :k], logits[i, :k], a, k, s)
                 for i, (a, k, s) in enumerate(zip(anchors, ks, samplings))]
@@ -255,16 +251,15 @@ class DFlashDrafter(nn.Module):
             h = layer(h, state.kv(i), start, cfg.window(i), cfg.causal(i))
         return self.norm(h)
 
-    def blocks_hidden(self, states: list, anchors: list[int], sizes: list[int]) -> mx.array:
-        """`block_hidden` of several requests in one pass, [n, max(sizes), H]: each block at its own
-        position over its own context rows (padded to the longest, masked), its padding slots hidden."""
-        cfg, width = self.config, max(sizes)
+    def blocks_hidden(self, states: list, anchors: list[int]) -> mx.array:
+        """`block_hidden` of several requests' whole blocks in one pass, [n, block, H]: each block at its own
+        position over its own context rows (padded to the longest, masked)."""
+        cfg, width = self.config, self.config.block_size
         h = self.embed_block(mx.array([[a] + [cfg.mask_token_id] * (width - 1) for a in anchors]))
         starts = mx.array([s.offset for s in states])
-        slot_mask = (mx.arange(width)[None] < mx.array(sizes)[:, None])[:, None, None]
         for i, layer in enumerate(self.layers):
             ctx_kv, ctx_mask = batch_context(states, i, cfg.window(i))
-            h = layer(h, ctx_kv, starts, None, cfg.causal(i), ctx_mask, slot_mask)
+            h = layer(h, ctx_kv, starts, None, cfg.causal(i), ctx_mask)
         return self.norm(h)
 
     def head_logits(self, h: mx.array) -> mx.array:
