@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
@@ -50,13 +51,21 @@ def edit_prompts() -> list[str]:
             f"```python\n{code}```\n\nRewrite this function with a docstring."]
 
 
-def long_context_prompt(tokenizer, n_tokens: int) -> list[dict]:
-    """A long piece of code to rework, cut to about n_tokens of context."""
+LONG_ASKS = ("Rewrite this code with docstrings.", "Write the next function of this module.",
+             "Explain what this code does, function by function.")
+LONG_CHAT_ASKS = ("Write a Python function that reverses a list.",
+                  "Write a Python function that counts the words in a string.",
+                  "Write a Python function that returns the median of a list of numbers.")
+
+
+def long_context_prompts(tokenizer, n_tokens: int) -> list[list[dict]]:
+    """A long piece of code cut to about n_tokens of context, then a request: rework it, continue it,
+    explain it. Several answers per length: over one answer of ~70 tokens a prompt's τ swings ±15%."""
     ids = tokenizer.encode(_frozen("long_code"), verbose=False)  # (longer than the model: cut below, no warning)
     while len(ids) < n_tokens:
         ids += ids
     code = tokenizer.decode(ids[:n_tokens])
-    return [{"role": "user", "content": f"```python\n{code}\n```\n\nRewrite this code with docstrings."}]
+    return [[{"role": "user", "content": f"```python\n{code}\n```\n\n{ask}"}] for ask in LONG_ASKS]
 
 
 def raw_prompts() -> list[dict]:
@@ -80,17 +89,22 @@ def raw_prompts() -> list[dict]:
     return out or [{"raw": "def add(a, b):"}]
 
 
-def long_chat_prompt(tokenizer, n_tokens: int) -> list[dict]:
-    """A long multi-turn chat (earlier turns on code, answered), at most about n_tokens, then a new request."""
-    ask = [{"role": "user", "content": "Write a Python function that reverses a list."}]
+def long_chat_prompts(tokenizer, n_tokens: int) -> list[list[dict]]:
+    """Long multi-turn chats (earlier turns on code, answered), at most about n_tokens each, then a new request."""
+    return [long_chat_prompt(tokenizer, n_tokens, ask) for ask in LONG_CHAT_ASKS]
+
+
+def long_chat_prompt(tokenizer, n_tokens: int, ask: str = LONG_CHAT_ASKS[0]) -> list[dict]:
+    """A long multi-turn chat (earlier turns on code, answered), at most about n_tokens, then `ask`."""
+    request = [{"role": "user", "content": ask}]
     turns: list[dict] = []
     for fn in raw_prompts() * 8:
         turn = [{"role": "user", "content": f"Here is part of a function:\n```python\n{fn['raw']}\n```\nWhat does it do?"},
                 {"role": "assistant", "content": "It " + fn["raw"].split("\n")[0].strip().rstrip(":") + "."}]
-        if turns and len(encode(tokenizer, turns + turn + ask)) > n_tokens:
+        if turns and len(encode(tokenizer, turns + turn + request)) > n_tokens:
             break
         turns += turn
-    return turns + ask
+    return turns + request
 
 
 def encode(tokenizer, prompt) -> list[int]:
@@ -122,11 +136,12 @@ def plain_kwargs(model) -> dict:
 
 
 def run_plain(model, tokenizer, ids: list[int], max_tokens: int, **mlx_lm_kwargs) -> Sample:
-    """mlx-lm's own stream_generate on the same loaded weights, laid out as mlx-lm loads them: the baseline
-    (or its draft-model mode)."""
+    """mlx-lm's own stream_generate on the same loaded weights, laid out as mlx-lm loads them and through
+    mlx-lm's own layers (not the CPU attention or kernels ours take): the baseline (or its draft-model mode)."""
     import mlx_lm
 
-    with as_stored(model.model, model.relaid):
+    kernels = model.target.kernels
+    with as_stored(model.model, model.relaid), kernels.paused() if kernels else nullcontext():
         mx.reset_peak_memory()
         tokens, start, first, cpu = [], time.perf_counter(), None, None
         for r in mlx_lm.stream_generate(model.model, tokenizer, mx.array(ids), max_tokens=max_tokens, **mlx_lm_kwargs):

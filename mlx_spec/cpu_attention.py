@@ -6,8 +6,10 @@ target's 24 ms 8-token verify were attention, against 0.3 ms of products. `2 ** 
 than `exp(x)` there, so this softmax works in base 2 (log2 e folded into the queries' scale), and the
 query heads sharing a KV head go through one product (their rows stacked, the keys never broadcast).
 The same softmax up to float rounding (~1e-6 relative), not bit for bit: the target takes it for verify
-blocks only, never for the one-token passes that plain decoding matches mlx-lm with (kernels.py); the
-DFlash drafters' blocks take it too (drafts are verified: they need no bit-identity).
+blocks and prompt chunks, never for the one-token passes that plain decoding matches mlx-lm with
+(kernels.py); the DFlash drafters' blocks take it too (drafts are verified: they need no bit-identity).
+A prompt chunk's causal rows go 64 at a time, each over the keys it sees: at 1,524 tokens that took the
+embedded target's time to first token from 1.23 to 0.82 s.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import mlx.core as mx
 
 LOG2E = 1.4426950408889634
 MIN_SCORES = 4096  # scores a layer below which the extra ops cost more than the cheaper exps save (measured)
+ROWS = 64  # a prompt chunk's causal queries go this many at a time (measured: 512 rows over 1,536 keys 2x faster)
 
 
 @functools.cache
@@ -58,6 +61,17 @@ def sdpa(queries: mx.array, keys: mx.array, values: mx.array, *, scale: float, m
 def attention(queries: mx.array, keys: mx.array, values: mx.array, *, scale: float, mask=None) -> mx.array:
     """softmax(q kᵀ · scale, masked) v for queries (B, H, L, D) and keys/values (B, Hkv, S, D); mask None,
     "causal" (the block at the last L positions) or a boolean array that broadcasts to (B, H, L, S)."""
+    L, S = queries.shape[2], keys.shape[2]
+    if isinstance(mask, str) and L > ROWS:
+        # A prompt chunk, causal: a few rows at a time, each over the keys it sees, so the scores stay in the
+        # cache between the softmax's passes and the masked-out triangle is never computed.
+        pieces = [(i, min(i + ROWS, L)) for i in range(0, L, ROWS)]
+        return mx.concatenate([_attention(queries[:, :, i:j], keys[:, :, : S - L + j], values[:, :, : S - L + j],
+                                          scale, mask) for i, j in pieces], axis=2)
+    return _attention(queries, keys, values, scale, mask)
+
+
+def _attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask) -> mx.array:
     B, H, L, D = queries.shape
     Hkv, S = keys.shape[1], keys.shape[2]
     G = H // Hkv

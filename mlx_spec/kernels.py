@@ -5,7 +5,7 @@ twin and the kernel variants (a kernel must agree with the twin and be faster);
 the choice is cached in ~/.cache/mlx-spec/kernels.json, keyed by device, MLX
 version, shape and dtype. Everywhere else, or with `enabled=False`
 (`--no-kernels`), the twins run, and the results are bit-identical to mlx-lm's;
-but on the CPU a verify block's attention at long context takes a base-2 softmax
+but on the CPU a verify block's and a prompt chunk's attention at long context take a base-2 softmax
 (cpu_attention.py; the same up to float rounding), unless `--no-kernels`.
 
 `patch_recurrence` (below) is applied on every backend, kernels on or off: on the CPU a verify block's
@@ -20,6 +20,7 @@ import os
 import statistics
 import time
 import types
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
@@ -51,6 +52,7 @@ class KernelConfig:
     cache_file: Optional[Path] = None
     force: Optional[str] = None
     make_kernel: Optional[Callable] = None
+    prompts: bool = True  # on the CPU, prompt chunks take the base-2 softmax too (time to first token)
     _choices: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _loaded: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -62,6 +64,15 @@ class KernelConfig:
     def on_cpu(self) -> bool:
         """Verify blocks may take the CPU's own attention formulation (cpu_attention.py)."""
         return self.enabled and mx.default_device() == mx.cpu
+
+    @contextmanager
+    def paused(self):
+        """Every patched layer runs mlx-lm's own body for a while: a baseline run as mlx-lm runs it."""
+        enabled, self.enabled = self.enabled, False
+        try:
+            yield
+        finally:
+            self.enabled = enabled
 
     def kernel(self, spec):
         return self.make_kernel(spec) if self.make_kernel else spec.metal()
@@ -193,7 +204,8 @@ def _attn_split(s: int) -> int:
 def verify_attention(queries, keys, values, *, scale: float, mask="causal", config: Optional[KernelConfig] = None):
     """SDPA of a verify block: queries (B, Hq, L, D) at the last L positions of keys/values (B, Hkv, S, D),
     causal (or a boolean mask). Same result as `mx.fast.scaled_dot_product_attention`; the Metal kernel
-    serves causal blocks of 2 <= L <= 16, the CPU's base-2 softmax (cpu_attention.py) long contexts."""
+    serves causal blocks of 2 <= L <= 16, the CPU's base-2 softmax (cpu_attention.py) long contexts and
+    prompt chunks."""
     config = config or KernelConfig(enabled=False)
     if config.on_cpu and not config.active:  # (a simulated kernel in the tests is active on the CPU)
         return cpu_attention.sdpa(queries, keys, values, scale=scale, mask=mask)
@@ -257,15 +269,17 @@ class VerifyQuantizedEmbedding(nn.QuantizedEmbedding):
 
 
 class _VerifyAttention:
-    """The mlx-lm qwen3/llama attention body with the verify-block SDPA routed
-    through `verify_attention`; anything else runs the original body."""
+    """The mlx-lm qwen3/llama attention body with the verify-block SDPA (and on the CPU a prompt chunk's)
+    routed through `verify_attention`; anything else (one-token passes) runs the original body."""
 
     def __call__(self, x, mask=None, cache=None):
         B, L, _ = x.shape
         cfg = self._kernel_config
         plain_cache = cache is not None and not hasattr(cache, "bits")
         causal = isinstance(mask, str) and mask == "causal"
-        if not (plain_cache and 2 <= L <= 16 and ((cfg.active and causal) or cfg.on_cpu)):
+        block = 2 <= L <= 16 and ((cfg.active and causal) or cfg.on_cpu)
+        prompt = L > 16 and cfg.prompts and cfg.on_cpu and not cfg.active  # a prompt chunk, on the CPU
+        if not (plain_cache and (block or prompt)):
             return super().__call__(x, mask=mask, cache=cache)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k = q.reshape(B, L, self.n_heads, -1), k.reshape(B, L, self.n_kv_heads, -1)

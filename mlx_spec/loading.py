@@ -130,7 +130,7 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     config_k = KernelConfig(enabled=kernels)
     if config_k.active:
         patch_model(model, config_k)
-    elif config_k.on_cpu:  # no kernels, but verify blocks take the CPU's own attention (cpu_attention.py)
+    elif config_k.on_cpu:  # no kernels, but verify blocks and prompts take the CPU's attention (cpu_attention.py)
         patch_model(model, config_k, ATTENTION_SWAPS)
     patch_recurrence(model)  # kernels on or off: on the CPU a verify block's Gated DeltaNet recurrence in one graph, same floats
     if eval_every is None:

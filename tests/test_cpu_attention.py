@@ -25,7 +25,7 @@ def row_mask(B, L, S):
 
 
 @pytest.mark.parametrize("H,Hkv", [(4, 2), (8, 8), (8, 1), (6, 2)])
-@pytest.mark.parametrize("L,S", [(2, 2), (5, 40), (8, 700), (16, 300)])
+@pytest.mark.parametrize("L,S", [(2, 2), (5, 40), (8, 700), (16, 300), (150, 150), (130, 400)])  # prompt chunks last
 @pytest.mark.parametrize("B", [1, 3])
 def test_matches_sdpa(H, Hkv, L, S, B):
     q, k, v = qkv(B, H, Hkv, L, S)
@@ -93,9 +93,20 @@ def test_long_context_greedy_matches_plain(target_dir, models_dir, calls):
         calls.clear()
         got, _ = spec(model, tok, LONG, 40, block_size=block)
         assert got == ref, block
-        target = [shape for whose, shape in calls if whose == "target"]
-        assert max((shape[2] for shape in target), default=0) == (block if block >= 8 else 0)  # 2 rows: too few scores
+        target = [shape[2] for whose, shape in calls if whose == "target"]
+        assert max((rows for rows in target if rows <= 16), default=0) == (block if block >= 8 else 0)  # 2: too few scores
+        assert any(rows > 16 for rows in target)  # the prompt too (time to first token)
         assert {shape[2] for whose, shape in calls if whose == "drafter"} == {16}  # its whole block, always
+
+
+def test_the_bench_baseline_runs_mlx_lms_own_attention(target_dir, calls):
+    from mlx_spec import bench
+
+    model, tok = mlx_spec.load(str(target_dir), drafter=None)
+    got = bench.run_plain(model, tok, bench.encode(tok, {"raw": LONG}), 8).tokens
+    assert not calls  # neither its prompt nor its one-token passes went through ours
+    assert model.target.kernels.enabled  # and ours are back after it
+    assert got == plain(target_dir, LONG, 8)
 
 
 def test_no_kernels_keeps_the_targets_attention(target_dir, drafter_dir, calls):

@@ -61,7 +61,7 @@ def batch_sizes(args) -> list[int]:
 
 
 def prompt_sets(args, tokenizer) -> dict[str, list]:
-    from ..bench import PROMPTS, edit_prompts, long_chat_prompt, long_context_prompt, raw_prompts
+    from ..bench import PROMPTS, edit_prompts, long_chat_prompts, long_context_prompts, raw_prompts
     from ..errors import MlxSpecError
     from ..train.data import read_prompts
 
@@ -70,9 +70,9 @@ def prompt_sets(args, tokenizer) -> dict[str, list]:
         if kind not in KINDS + EXTRA_KINDS:
             raise MlxSpecError(f"unknown prompt kind {kind!r}: choose from {', '.join(KINDS + EXTRA_KINDS)}")
         if kind == "long":
-            sets["long"] = [long_context_prompt(tokenizer, args.long_context)]
+            sets["long"] = long_context_prompts(tokenizer, args.long_context)
         elif kind == "long-chat":
-            sets["long-chat"] = [long_chat_prompt(tokenizer, args.long_context)]
+            sets["long-chat"] = long_chat_prompts(tokenizer, args.long_context)
         elif kind == "raw":
             sets["raw"] = raw_prompts()
         elif kind == "edit":
