@@ -125,3 +125,17 @@ def test_batched_rows_at_long_context_decode_as_alone(target_dir, drafter_dir, c
     calls.clear()
     assert together(model, tok, requests, join_at=[0, 0, 2]) == want
     assert any(whose == "target" and shape[0] > 1 for whose, shape in calls)  # batched blocks (a mask per row) too
+
+
+def test_a_batch_of_plain_rows_at_long_context_decodes_as_alone(target_dir, drafter_dir, calls):
+    """A batch's one-token rows take the CPU attention (mx.fast's masked batch is the slow one); a one-token
+    pass alone stays mlx-lm's own."""
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir), mode="dflash")
+    longer = LONG + LONG[: len(LONG) // 2]  # 360 tokens: 3 rows' one-token passes past MIN_SCORES
+    requests = [(longer, SamplingParams(), 1), (longer[:400] + "class Stack:", SamplingParams(), 1),
+                (longer + "import os", SamplingParams(temperature=0.8, top_k=20, seed=3), 1)]
+    want = [alone(model, tok, r) for r in requests]
+    assert not [shape for whose, shape in calls if whose == "target" and shape[2] == 1]
+    calls.clear()
+    assert together(model, tok, requests, join_at=[0, 0, 2]) == want
+    assert any(whose == "target" and shape[0] > 1 and shape[2] == 1 for whose, shape in calls)
