@@ -307,8 +307,8 @@ def curve_key(model) -> str:
              # dips levelled; /12: batched rows kept in slabs; /13: batched passes at a long context too;
              # /14: batched costs from whole rounds; /15: verify blocks' CPU attention (cpu_attention.py);
              # /16: DFlash drafts of any length run the drafter's whole block; /17: a batch's one-token rows
-             # through the CPU attention
-             "rounds/17"]
+             # through the CPU attention; /18: several rows' SiLU in base 2 (cpu_swiglu.py)
+             "rounds/18"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -29,7 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama, qwen3
 
-from mlx_spec import cpu_attention
+from mlx_spec import cpu_attention, cpu_swiglu
 from mlx_spec.metal_kernels import fused_accept as _acc
 from mlx_spec.metal_kernels import gated_delta_verify as _gdv
 from mlx_spec.metal_kernels import qmm_mma as _mma
@@ -52,7 +52,6 @@ class KernelConfig:
     cache_file: Optional[Path] = None
     force: Optional[str] = None
     make_kernel: Optional[Callable] = None
-    prompts: bool = True  # on the CPU, prompt chunks take the base-2 softmax too (time to first token)
     _choices: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     _loaded: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -281,7 +280,7 @@ class _VerifyAttention:
         cpu = cfg.on_cpu and not cfg.active
         # On the CPU, also a prompt chunk, and a batch's one-token rows (alone, a one-token pass stays mlx-lm's
         # own: plain decoding matches mlx-lm's with it); mx.fast's masked batch there was 2.5x the time.
-        prompt, rows = cpu and L > 16 and cfg.prompts, cpu and L == 1 and B > 1
+        prompt, rows = cpu and L > 16, cpu and L == 1 and B > 1
         if not (plain_cache and (block or prompt or rows)):
             return super().__call__(x, mask=mask, cache=cache)
         q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
@@ -304,7 +303,28 @@ class VerifyLlamaAttention(_VerifyAttention, llama.Attention):
     pass
 
 
+class _VerifyMLP:
+    """The mlx-lm qwen3/llama SwiGLU MLP with, on the CPU, several rows' SiLU in base 2 (cpu_swiglu.py);
+    one row alone (a one-token pass) runs the original body."""
+
+    def __call__(self, x):
+        cfg = self._kernel_config
+        if not (cfg.on_cpu and not cfg.active and cpu_swiglu.pays(x)):
+            return super().__call__(x)
+        return self.down_proj(cpu_swiglu.swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class VerifyQwen3MLP(_VerifyMLP, qwen3.MLP):
+    pass
+
+
+class VerifyLlamaMLP(_VerifyMLP, llama.MLP):
+    pass
+
+
 ATTENTION_SWAPS = {qwen3.Attention: VerifyQwen3Attention, llama.Attention: VerifyLlamaAttention}
+MLP_SWAPS = {qwen3.MLP: VerifyQwen3MLP, llama.MLP: VerifyLlamaMLP}
+CPU_SWAPS = {**ATTENTION_SWAPS, **MLP_SWAPS}  # on the CPU, without Metal kernels: exp in base 2
 SWAPS = {nn.QuantizedLinear: VerifyQuantizedLinear, nn.QuantizedEmbedding: VerifyQuantizedEmbedding, **ATTENTION_SWAPS}
 
 

@@ -121,7 +121,7 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     relayout: lay float32 weights out row-major for `x @ W.T` (same values, faster products on the
         CPU's bundled BLAS); None: where that was measured to pay (cpu_layout.py).
     """
-    from .kernels import ATTENTION_SWAPS, KernelConfig, patch_model, patch_recurrence
+    from .kernels import CPU_SWAPS, MLP_SWAPS, KernelConfig, patch_model, patch_recurrence
     from .target import Target
 
     ref = str(target) if target is not None else str(registry_pkg.DEFAULT_TARGET)
@@ -130,8 +130,8 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     config_k = KernelConfig(enabled=kernels)
     if config_k.active:
         patch_model(model, config_k)
-    elif config_k.on_cpu:  # no kernels, but verify blocks and prompts take the CPU's attention (cpu_attention.py)
-        patch_model(model, config_k, ATTENTION_SWAPS)
+    elif config_k.on_cpu:  # no kernels, but several rows' exps go in base 2 (cpu_attention.py, cpu_swiglu.py)
+        patch_model(model, config_k, CPU_SWAPS)
     patch_recurrence(model)  # kernels on or off: on the CPU a verify block's Gated DeltaNet recurrence in one graph, same floats
     if eval_every is None:
         eval_every = 2 if mx.default_device() == mx.cpu else 0
@@ -150,6 +150,8 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
         wrapped.set_taps(draft_model.tap_ids)
     kv = check_kv_cache(model, kv_bits, kv_group_size)
     relaid = lay_out(model, draft_model, relayout)
+    if config_k.on_cpu and not config_k.active and own_module(draft_model) is not None:
+        patch_model(own_module(draft_model), config_k, MLP_SWAPS)  # a drafter's blocks: always several rows
     return Loaded(wrapped, draft_model, path, drafter_path, config, kv_cache=kv, relaid=relaid), tokenizer
 
 
@@ -158,10 +160,15 @@ def lay_out(model: nn.Module, drafter, relayout: bool | None = None) -> bool:
     (None: where it pays, cpu_layout.py); whether they were."""
     relaid = cpu_layout.pays() if relayout is None else relayout
     if relaid:
-        inner = model_drafter(drafter)
-        own = [m for m in (inner, getattr(inner, "model", None)) if isinstance(m, nn.Module)][:1]
-        cpu_layout.relayout(model, *own)
+        own = own_module(drafter)
+        cpu_layout.relayout(model, *([own] if own is not None else []))
     return relaid
+
+
+def own_module(drafter) -> nn.Module | None:
+    """The drafter's own weights as a module (a draft model's LM, a DFlash drafter), if it has any."""
+    inner = model_drafter(drafter)
+    return next((m for m in (inner, getattr(inner, "model", None)) if isinstance(m, nn.Module)), None)
 
 
 KV_BITS, KV_GROUPS = (2, 3, 4, 5, 6, 8), (32, 64, 128)
