@@ -10,6 +10,7 @@ chunks, a batch's one-token rows), never for a one-token pass alone, as with the
 from __future__ import annotations
 
 import mlx.core as mx
+from mlx_lm.models import llama, qwen3
 
 from . import cpu_attention
 from .cpu_attention import LOG2E
@@ -23,3 +24,26 @@ def pays(x: mx.array) -> bool:
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:
     g = gate.astype(mx.float32)  # (half precision: the SiLU in float32, as mlx-lm's compiled one comes out)
     return (g / (1 + mx.power(2.0, g * -LOG2E))).astype(gate.dtype) * x
+
+
+class _SwiGLU:
+    """The mlx-lm qwen3/llama MLP, several rows' SiLU through `swiglu` above on the CPU (one row alone, or
+    Metal's kernels on, or `--no-kernels`: the original body). Swapped in by `kernels.patch_model`, which
+    sets `_kernel_config`."""
+
+    def __call__(self, x):
+        cfg = self._kernel_config
+        if not (cfg.on_cpu and not cfg.active and pays(x)):
+            return super().__call__(x)
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))
+
+
+class Qwen3MLP(_SwiGLU, qwen3.MLP):
+    pass
+
+
+class LlamaMLP(_SwiGLU, llama.MLP):
+    pass
+
+
+MLP_SWAPS = {qwen3.MLP: Qwen3MLP, llama.MLP: LlamaMLP}

@@ -5,8 +5,9 @@ twin and the kernel variants (a kernel must agree with the twin and be faster);
 the choice is cached in ~/.cache/mlx-spec/kernels.json, keyed by device, MLX
 version, shape and dtype. Everywhere else, or with `enabled=False`
 (`--no-kernels`), the twins run, and the results are bit-identical to mlx-lm's;
-but on the CPU a verify block's and a prompt chunk's attention at long context take a base-2 softmax
-(cpu_attention.py; the same up to float rounding), unless `--no-kernels`.
+but on the CPU, passes of several rows (verify blocks, prompt chunks, a batch's one-token rows) take
+a base-2 softmax (cpu_attention.py) and SiLU (cpu_swiglu.py), the same up to float rounding, unless
+`--no-kernels`.
 
 `patch_recurrence` (below) is applied on every backend, kernels on or off: on the CPU a verify block's
 Gated DeltaNet recurrence runs as one compiled graph, bit-identical to mlx-lm's loop; elsewhere (Metal:
@@ -29,7 +30,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama, qwen3
 
-from mlx_spec import cpu_attention, cpu_swiglu
+from mlx_spec import cpu_attention
+from mlx_spec.cpu_swiglu import MLP_SWAPS
 from mlx_spec.metal_kernels import fused_accept as _acc
 from mlx_spec.metal_kernels import gated_delta_verify as _gdv
 from mlx_spec.metal_kernels import qmm_mma as _mma
@@ -303,27 +305,7 @@ class VerifyLlamaAttention(_VerifyAttention, llama.Attention):
     pass
 
 
-class _VerifyMLP:
-    """The mlx-lm qwen3/llama SwiGLU MLP with, on the CPU, several rows' SiLU in base 2 (cpu_swiglu.py);
-    one row alone (a one-token pass) runs the original body."""
-
-    def __call__(self, x):
-        cfg = self._kernel_config
-        if not (cfg.on_cpu and not cfg.active and cpu_swiglu.pays(x)):
-            return super().__call__(x)
-        return self.down_proj(cpu_swiglu.swiglu(self.gate_proj(x), self.up_proj(x)))
-
-
-class VerifyQwen3MLP(_VerifyMLP, qwen3.MLP):
-    pass
-
-
-class VerifyLlamaMLP(_VerifyMLP, llama.MLP):
-    pass
-
-
 ATTENTION_SWAPS = {qwen3.Attention: VerifyQwen3Attention, llama.Attention: VerifyLlamaAttention}
-MLP_SWAPS = {qwen3.MLP: VerifyQwen3MLP, llama.MLP: VerifyLlamaMLP}
 CPU_SWAPS = {**ATTENTION_SWAPS, **MLP_SWAPS}  # on the CPU, without Metal kernels: exp in base 2
 SWAPS = {nn.QuantizedLinear: VerifyQuantizedLinear, nn.QuantizedEmbedding: VerifyQuantizedEmbedding, **ATTENTION_SWAPS}
 

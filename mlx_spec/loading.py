@@ -121,7 +121,8 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
     relayout: lay float32 weights out row-major for `x @ W.T` (same values, faster products on the
         CPU's bundled BLAS); None: where that was measured to pay (cpu_layout.py).
     """
-    from .kernels import CPU_SWAPS, MLP_SWAPS, KernelConfig, patch_model, patch_recurrence
+    from .cpu_swiglu import MLP_SWAPS
+    from .kernels import CPU_SWAPS, KernelConfig, patch_model, patch_recurrence
     from .target import Target
 
     ref = str(target) if target is not None else str(registry_pkg.DEFAULT_TARGET)
