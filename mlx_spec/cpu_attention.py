@@ -6,10 +6,10 @@ target's 24 ms 8-token verify were attention, against 0.3 ms of products. `2 ** 
 than `exp(x)` there, so this softmax works in base 2 (log2 e folded into the queries' scale), and the
 query heads sharing a KV head go through one product (their rows stacked, the keys never broadcast).
 The same softmax up to float rounding (~1e-6 relative), not bit for bit: the target takes it for verify
-blocks and prompt chunks, never for the one-token passes that plain decoding matches mlx-lm with
-(kernels.py); the DFlash drafters' blocks take it too (drafts are verified: they need no bit-identity).
-A prompt chunk's causal rows go 64 at a time, each over the keys it sees: at 1,524 tokens that took the
-embedded target's time to first token from 1.23 to 0.82 s.
+blocks, prompt chunks and a batch's one-token rows, never for the one-token pass alone that plain
+decoding matches mlx-lm with (kernels.py); the DFlash drafters' blocks take it too (drafts are
+verified: they need no bit-identity). A prompt chunk's causal rows go 64 at a time, each over the keys
+it sees: at 1,524 tokens that took the embedded target's time to first token from 1.23 to 0.82 s.
 """
 
 from __future__ import annotations

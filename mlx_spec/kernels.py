@@ -63,7 +63,7 @@ class KernelConfig:
 
     @property
     def on_cpu(self) -> bool:
-        """Verify blocks may take the CPU's own attention formulation (cpu_attention.py)."""
+        """Passes of several rows may take the CPU's own formulations (cpu_attention.py, cpu_swiglu.py)."""
         return self.enabled and mx.default_device() == mx.cpu
 
     @contextmanager
