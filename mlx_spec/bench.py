@@ -94,7 +94,7 @@ def long_chat_prompts(tokenizer, n_tokens: int) -> list[list[dict]]:
     return [long_chat_prompt(tokenizer, n_tokens, ask) for ask in LONG_CHAT_ASKS]
 
 
-def long_chat_prompt(tokenizer, n_tokens: int, ask: str = LONG_CHAT_ASKS[0]) -> list[dict]:
+def long_chat_prompt(tokenizer, n_tokens: int, ask: str) -> list[dict]:
     """A long multi-turn chat (earlier turns on code, answered), at most about n_tokens, then `ask`."""
     request = [{"role": "user", "content": ask}]
     turns: list[dict] = []

@@ -151,8 +151,9 @@ def load(target: str | os.PathLike | None = None, drafter: str | os.PathLike | N
         wrapped.set_taps(draft_model.tap_ids)
     kv = check_kv_cache(model, kv_bits, kv_group_size)
     relaid = lay_out(model, draft_model, relayout)
-    if config_k.on_cpu and not config_k.active and own_module(draft_model) is not None:
-        patch_model(own_module(draft_model), config_k, MLP_SWAPS)  # a drafter's blocks: always several rows
+    drafter_module = own_module(draft_model)
+    if config_k.on_cpu and not config_k.active and drafter_module is not None:
+        patch_model(drafter_module, config_k, MLP_SWAPS)  # a drafter's blocks: always several rows
     return Loaded(wrapped, draft_model, path, drafter_path, config, kv_cache=kv, relaid=relaid), tokenizer
 
 

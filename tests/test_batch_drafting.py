@@ -63,7 +63,7 @@ def test_one_pass_drafts_what_each_request_drafts_alone(models_dir, target_dir, 
     assert [b.tokens.tolist() for b in batched] == alone_
     hidden = d.blocks_hidden(states, anchors)  # every request's whole block (a draft of k is its first k)
     for i, (s, a, k) in enumerate(zip(states, anchors, ks)):
-        n = d.slots(k)
+        n = d.config.block_size
         np.testing.assert_allclose(np.array(hidden[i, :n]), np.array(d.block_hidden(s, a, n)[0]), atol=1e-5)
     # Sampled: each request's law is the one it would draft from alone (its own temperature).
     samplers = [Sampler(SamplingParams(temperature=t, seed=i), model.vocab_size).drafting(0)
