@@ -3,18 +3,23 @@
 import json
 import os
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from mlx_spec.app.server import loadbench_spec
 
 
 def server(tokens: int):
+    """A stand-in that answers after 0.2 s, as a real server takes a while: concurrent clients' requests are
+    then all in flight at once (answered at once, a client could finish before the next one started, and
+    the steady ratio had no span to measure)."""
     seen = []
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             seen.append((self.path, body))
+            time.sleep(0.2)
             out = json.dumps({"usage": {"completion_tokens": tokens}}).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(out)))
