@@ -79,7 +79,7 @@ def batched_rate(model, tokenizer, prompts: list, rows: int, max_tokens: int, le
     at most `rows` decoding together, as the server's batched rounds run them under `rows` clients that each
     send their next request when the last ends: each round charged the calibrated batched target pass over
     the live requests' blocks padded to the widest and their contexts to the longest, and one drafter pass for
-    the drafting ones (what `controller.plan_batch` plans with). Prefills cost every policy the same and are
+    the drafting ones (what `batch_plan.plan_batch` plans with). Prefills cost every policy the same and are
     not charged. `lengths()`: a new request's draft lengths."""
     from .generate import make_generation, step_all
 

@@ -238,3 +238,6 @@ class ScriptedLengths:
 
     def expect(self, source):
         pass
+
+    def interrupt(self):
+        pass

@@ -76,6 +76,9 @@ class Alternate:
     def expect(self, source) -> None:
         pass
 
+    def interrupt(self) -> None:
+        pass
+
 
 def test_tau_of_a_mixed_run_matches_its_counters(pair):
     model, tok = pair

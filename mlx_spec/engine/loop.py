@@ -14,7 +14,7 @@ from typing import Iterator, Protocol
 
 import mlx.core as mx
 
-from ..controller import plan_batch
+from ..batch_plan import plan_batch
 from ..drafters.base import Draft, propose_all
 from .batch import batch_caches, can_batch, replay
 from .cache import PromptCache, drafter_states, eval_state, trim
@@ -36,6 +36,8 @@ class DraftLength(Protocol):
 
     def expect(self, source: str | None) -> None: ...  # the source the next round will likely draft from
 
+    def interrupt(self) -> None: ...  # a prompt's pass runs between rounds: not a round's cost
+
 
 class FixedLength:
     def __init__(self, k: int):
@@ -48,6 +50,9 @@ class FixedLength:
         pass
 
     def expect(self, source: str | None) -> None:
+        pass
+
+    def interrupt(self) -> None:
         pass
 
 
@@ -81,6 +86,7 @@ def prefill(target, s: DecodeState, prompt: list[int], chunk: int = 512) -> Iter
     pieces = [rest[i : min(i + chunk, split)] for i in range(0, split, chunk)] + [rest[split:]] * (split < len(rest))
     for j, piece in enumerate(pieces):
         final = j == len(pieces) - 1
+        s.lengths.interrupt()  # (a request joining a batch: the time across this pass is not the batch's round)
         logits, hidden = target(mx.array([piece]), pc.cache, last=1 if final else None)
         pc.add(piece, hidden)
         if not final:

@@ -91,7 +91,7 @@ class Scheduler:
             self.ready.set()
 
     def _calibrate_batches(self) -> None:
-        """Batched rounds plan their draft lengths from what a batched pass costs here (controller.plan_batch):
+        """Batched rounds plan their draft lengths from what a batched pass costs here (batch_plan.plan_batch):
         measured once for up to --max-active rows while loading, then cached with the cost curve."""
         model, cfg = self.backend.model, self.backend.cfg
         if model.drafter is not None and cfg.block_size is None and self.max_active > 1:
