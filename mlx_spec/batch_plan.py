@@ -113,13 +113,13 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1) -> list[i
             if could_pay(adaptive):
                 width, ks = 2, {id(s): min(1, caps[id(s)]) for s in adaptive}
     drafting = fixed_drafting + sum(1 for k in ks.values() if k)
-    if memory is not None:  # what each drafting row should accept: judged at the next batched round
-        memory.batch_expected = {s.lengths: expected_tokens(gains[id(s)], ks[id(s)]) - 1 for s in adaptive if ks[id(s)]}
     if lead.clock is not None:  # (clock=None: the costs stay as calibrated, as for one request)
         _time_batch(memory, tuple(id(s) for s in states), width > 1, priced(width, drafting), follow, lead.clock())
     for s in adaptive:
         s.k = ks[id(s)]
         s.lengths.skip_timing()
+        # what each drafting row should accept: its `update` keeps it beside what it did, judged next batched round
+        s.lengths.expected = expected_tokens(gains[id(s)], s.k) - 1 if s.k else None
     return [s.k for s in states]
 
 
@@ -130,11 +130,10 @@ def _judge_yield(memory: ControllerMemory, adaptive: list, follow: float) -> flo
     rows accepted 7% fewer drafts than estimated, and drafting there, planned 10% ahead, came out even with
     plain. (Bounded: after a run of rejections the estimates fall too, and a factor that fell with them would
     keep a batch plain after its text turned easy again.)"""
-    expected, memory.batch_expected = memory.batch_expected, {}
-    rows = [(want, s.lengths.last[1]) for s in adaptive if (want := expected.get(s.lengths)) is not None]
-    want = sum(w for w, _ in rows)
+    rows = [s.lengths.last for s in adaptive if s.lengths.last[1] is not None]  # (accepted, expected)
+    want = sum(w for _, w in rows)
     if want > 0:
-        got = sum(a for _, a in rows) / want
+        got = sum(a for a, _ in rows) / want
         memory.batch_yield += follow * (min(max(got, TRUST[0]), TRUST[1]) - memory.batch_yield)
     return memory.batch_yield
 

@@ -76,8 +76,7 @@ class ControllerMemory:
     batch_tick: tuple | None = None  # (time, its requests, drafting, predicted seconds) of the last batched round
     batch_off: int = 0  # batched rounds in a row where nobody drafted (see `plan_batch`'s probes)
     interruptions: int = 0  # prompt passes run between rounds so far (`interrupt`)
-    batch_yield: float = 1.0  # batched rounds' chosen drafting rows: drafts accepted / expected (`_judge_yield`)
-    batch_expected: dict = field(default_factory=dict)  # {controller: drafts it was expected to have accepted}
+    batch_yield: float = 1.0  # batched rounds' drafting rows: drafts accepted / expected (`_judge_yield`)
 
     def interrupt(self) -> None:
         """A prompt's pass ran between two rounds (a request joining a server's batch): the time across it
@@ -158,7 +157,8 @@ class AdaptiveLength:
         self._interruptions = memory.interruptions if memory is not None else 0
         self._probe_left = 0  # a probe is two k = 1 rounds: the second is steady, so it times drafting too
         self.judged, self.plain_rounds = 0, 0  # drafting rounds of its own; batched rounds plain since the last
-        self.last = (0, 0)  # the last round's (drafted, accepted)
+        self.expected: float | None = None  # drafts the batch plan expects this round to have accepted
+        self.last: tuple[int, float | None] = (0, None)  # the last round's accepted drafts and that expectation
 
     def estimates(self) -> list[float]:
         alphas, before, w = [], self.cfg.prior, self.cfg.weight
@@ -230,7 +230,7 @@ class AdaptiveLength:
         return not self.tested and self.judged < self.cfg.fresh_probes
 
     def update(self, drafted: int, accepted: int, source: str | None = None) -> None:
-        self.last = (drafted, accepted)
+        self.last, self.expected = (accepted, self.expected), None
         self._time_round(drafted)
         if not drafted:  # a plain round tells nothing about acceptance: keep the estimates as they are
             return

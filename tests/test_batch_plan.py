@@ -83,6 +83,18 @@ def test_batch_costs_follow_measured_rounds():
     assert memory.batch_scale[0] == pytest.approx(2.0, rel=0.1) and memory.batch_scale[1] == 1.0
 
 
+def test_a_round_alone_between_batched_rounds_is_not_judged_as_batched():
+    """A request that drafted in a batched round and then ran a round alone (the others had ended) is not judged
+    by that round's drafts against the batched round's expectation: `update` settles each round's own."""
+    memory = ControllerMemory()
+    lengths = row(curve(0.02), 0.9, memory).lengths
+    lengths.expected = 3.0  # a batched round planned it to have 3 drafts accepted...
+    lengths.update(4, 3)
+    assert lengths.last == (3, 3.0)
+    lengths.update(0, 0)  # ...then a plain round alone
+    assert lengths.last == (0, None) and lengths.expected is None
+
+
 def test_a_prompt_pass_between_rounds_is_not_a_rounds_cost():
     """A request joining a server's batch runs its prompt between two of the batch's rounds: with the pass
     counted in, rounds read dearer than they are (drafting ones, predicted longer, slipped under the 4x
@@ -226,15 +238,16 @@ def test_drafting_rows_that_accept_less_than_estimated_draft_less():
         plans = []
         for _ in range(60):  # the rows accept `shortfall` of what their (unchanging) estimates expect
             plans.append(plan_batch(states))
-            for s, k in zip(states, plans[-1]):
-                alphas = s.lengths.estimates()
-                s.lengths.last = (k, shortfall * (expected_tokens(alphas, k) - 1) if k else 0)
+            for s, k in zip(states, plans[-1]):  # (the round's outcome as `update` keeps it)
+                want = s.lengths.expected
+                assert want == (pytest.approx(expected_tokens(s.lengths.estimates(), k) - 1) if k else None)
+                s.lengths.last, s.lengths.expected = (0 if want is None else shortfall * want, want), None
         # (short by a fifth, drafting stops paying once the factor nears 0.85: only the batch's probes draft)
         assert all(max(p) > 1 for p in plans[-30:]) if drafts else all(max(p) <= 1 for p in plans[-30:])
         assert memory.batch_yield == pytest.approx(1.0) if drafts else memory.batch_yield < 0.9
     memory.batch_yield = 0.0  # however far the drafts fell short, the plan trusts the estimates this much
-    states[0].lengths.last = (1, 0)
-    memory.batch_expected = {states[0].lengths: 1.0}
+    for s in states:
+        s.lengths.last = (0, 1.0 if s is states[0] else None)  # one row drafted and had none of its drafts accepted
     plan_batch(states)
     assert memory.batch_yield == pytest.approx(0.1 * TRUST[0])
 
