@@ -150,8 +150,8 @@ def _time_batch(memory: ControllerMemory | None, requests: tuple, drafting: bool
                 now: float) -> None:
     """Compare the time since the last batched round began planning with what the costs predicted for
     that round, and rescale the batch costs of that kind: only when it was of the same kind as this one
-    and ran the same requests (the steady state: a request that joins between the two adds its prefill,
-    which had counted as the round's cost wherever another left at the same time)."""
+    and ran the same requests (the steady state: a round just after a request joined or left also pays
+    for rebuilding the batch's slabs and for the newcomer's drafter catching up with its prompt)."""
     if memory is None:
         return
     last = memory.batch_tick

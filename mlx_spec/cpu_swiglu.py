@@ -19,7 +19,7 @@ from .cpu_attention import LOG2E
 def pays(x: mx.array) -> bool:
     """Where this SiLU runs instead of mlx-lm's on the CPU (the caller knows it is on it: `KernelConfig.on_cpu`):
     several rows, a CPU whose exp is the slow part."""
-    return x.size >= 2 * x.shape[-1] and cpu_attention._exp2_faster()
+    return x.size >= 2 * x.shape[-1] and cpu_attention.exp2_faster()
 
 
 def swiglu(gate: mx.array, x: mx.array) -> mx.array:

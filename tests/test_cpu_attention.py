@@ -48,11 +48,11 @@ def test_per_head_mask_and_half_precision():
 
 def test_where_it_runs(monkeypatch):
     q, k, _ = qkv(1, 4, 2, 8, 200)
-    assert cpu_attention.pays(q, k, "causal") == cpu_attention._exp2_faster()
+    assert cpu_attention.pays(q, k, "causal") == cpu_attention.exp2_faster()
     assert not cpu_attention.pays(q[:, :, :2], k[:, :, :20], "causal")  # too few scores: the extra ops cost more
     assert not cpu_attention.pays(q, k, mx.zeros((1, 1, 8, 200)))  # an additive mask: left to mx.fast
     assert not cpu_attention.pays(q, k, mx.ones((1, 8, 200), mx.bool_))  # a 3-d mask: its axes are ambiguous
-    monkeypatch.setattr(cpu_attention, "_exp2_faster", lambda: False)  # a CPU whose exp is fast (NEON)
+    monkeypatch.setattr(cpu_attention, "exp2_faster", lambda: False)  # a CPU whose exp is fast (NEON)
     assert not cpu_attention.pays(q, k, "causal")
 
 
@@ -74,7 +74,7 @@ def calls(monkeypatch):
         finally:
             inside.pop()
 
-    monkeypatch.setattr(cpu_attention, "_exp2_faster", lambda: True)
+    monkeypatch.setattr(cpu_attention, "exp2_faster", lambda: True)
     monkeypatch.setattr(cpu_attention, "attention", spy_attention)
     monkeypatch.setattr(kernels, "verify_attention", spy_verify)
     return seen

@@ -21,15 +21,15 @@ def test_matches_mlx_lms_swiglu(dtype, tol):
 
 
 def test_where_it_runs(monkeypatch):
-    monkeypatch.setattr(cpu_attention, "_exp2_faster", lambda: True)
+    monkeypatch.setattr(cpu_attention, "exp2_faster", lambda: True)
     assert cpu_swiglu.pays(mx.zeros((1, 2, 8))) and cpu_swiglu.pays(mx.zeros((3, 1, 8)))  # a block; batched rows
     assert not cpu_swiglu.pays(mx.zeros((1, 1, 8)))  # a one-token pass alone stays mlx-lm's
-    monkeypatch.setattr(cpu_attention, "_exp2_faster", lambda: False)  # a CPU whose exp is fast (NEON)
+    monkeypatch.setattr(cpu_attention, "exp2_faster", lambda: False)  # a CPU whose exp is fast (NEON)
     assert not cpu_swiglu.pays(mx.zeros((1, 8, 8)))
 
 
 def test_the_target_and_drafter_take_it_for_several_rows_only(target_dir, drafter_dir, monkeypatch):
-    monkeypatch.setattr(cpu_attention, "_exp2_faster", lambda: True)
+    monkeypatch.setattr(cpu_attention, "exp2_faster", lambda: True)
     seen = []
     real = cpu_swiglu.swiglu
     monkeypatch.setattr(cpu_swiglu, "swiglu", lambda g, x: seen.append(g.shape[:2]) or real(g, x))

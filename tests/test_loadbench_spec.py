@@ -74,3 +74,19 @@ def test_a_server_that_fails_fails_the_benchmark():
     with pytest.raises(SystemExit, match=str(port)):
         loadbench_spec.main(["--spec", f"http://127.0.0.1:{port}", "--plain", f"http://127.0.0.1:{port}",
                              "--clients", "1", "--repeats", "1", "--per-client", "1"])
+
+
+def test_varied_answer_lengths_average_max_tokens_and_are_the_same_for_both_servers():
+    spec, spec_seen = server(8)
+    plain, plain_seen = server(4)
+    try:
+        loadbench_spec.main(["--spec", f"http://127.0.0.1:{spec.server_port}", "--plain",
+                             f"http://127.0.0.1:{plain.server_port}", "--clients", "3", "--repeats", "1",
+                             "--per-client", "2", "--kinds", "raw", "--max-tokens", "64", "--vary-tokens", "--json"])
+    finally:
+        spec.shutdown()
+        plain.shutdown()
+    asked = [sorted((b["prompt"], b["max_tokens"]) for _, b in seen[2:]) for seen in (spec_seen, plain_seen)]  # after warm-up
+    assert asked[0] == asked[1] and len(asked[0]) == 6
+    assert sorted(n for _, n in asked[0]) == [40, 40, 64, 64, 88, 88]  # each client: two of the three lengths
+    assert {b["max_tokens"] for _, b in spec_seen[:2]} == {40, 64}  # the warm-up's two clients vary too

@@ -18,7 +18,7 @@ import mlx_spec
 from mlx_spec.drafters.dflash import load_dflash, save_dflash
 from mlx_spec.train import corpus, mix
 from mlx_spec.train.data import encode, read_prompts
-from mlx_spec.train.drafter import (DrafterTrainConfig, auf_mask, block_batch, new_drafter, sequence_loss,
+from mlx_spec.train.drafter import (DrafterTrainConfig, auf_mask, block_batch, new_drafter, sequence_loss, slot_kl,
                                     train_logits)
 from mlx_spec.train.evaluate import measure
 from mlx_spec.train.target import TargetTrainConfig, batch_at, prepare_data, validation
@@ -228,6 +228,34 @@ def test_auf_loss_weights_only_reachable_slots(pair, tmp_path):
     assert mx.array_equal(ce[2], auf[2]).item()  # same predictions, same accuracy counters
     with pytest.raises(ValueError, match="loss"):
         sequence_loss(drafter, hidden, pos, ids, labels, 4.0, "mse")
+
+
+def test_kd_loss_reads_the_targets_distribution_at_each_slots_own_row(pair, tmp_path):
+    """A target certain of the sequence's next token at every row: the KL part is the cross-entropy
+    against that token, so kd reads twice ce; a teacher shifted by one row is not."""
+    model, tok = pair
+    cfg = DrafterTrainConfig(out=tmp_path, block_size=4, target_layer_ids=[1, 3])
+    drafter = new_drafter(model.target, model.config, tok, cfg)
+    tokens, hidden, (pos, ids, labels) = _one_sequence(model, tok, drafter, 4)
+    vocab = drafter.config.vocab_size
+    nxt = mx.array(tokens[1:] + [0])
+    certain = 60.0 * (mx.arange(vocab)[None] == nxt[:, None]).astype(mx.float32)[None]  # row r: token r+1
+    ce = sequence_loss(drafter, hidden, pos, ids, labels, 4.0, "ce")
+    kd = sequence_loss(drafter, hidden, pos, ids, labels, 4.0, "kd", certain)
+    assert kd[0].item() == pytest.approx(2 * ce[0].item(), rel=1e-4)
+    assert kd[1].item() == ce[1].item() and mx.array_equal(kd[2], ce[2]).item()
+    with pytest.raises(ValueError, match="teacher"):
+        sequence_loss(drafter, hidden, pos, ids, labels, 4.0, "kd")
+
+
+def test_slot_kl_pairs_slot_j_of_an_anchor_p_with_the_targets_row_p_plus_j():
+    rows = 10.0 * (mx.arange(6)[None] == (mx.arange(12) % 6)[:, None]).astype(mx.float32)  # row r: token r % 6
+    teacher, pos = rows[None], mx.array([2, 7])
+    aligned = mx.stack([rows[p : p + 3] for p in (2, 7)])
+    assert (mx.abs(slot_kl(aligned, teacher, pos, 3)) < 1e-4).all().item()
+    off_by_one = mx.stack([rows[p + 1 : p + 4] for p in (2, 7)])
+    assert (slot_kl(off_by_one, teacher, pos, 3) > 5).all().item()
+    assert slot_kl(aligned, teacher, mx.array([2, 11]), 3).shape == (2, 3)  # rows past the end: clamped
 
 
 def test_sliding_window_training_matches_inference(pair, tmp_path):

@@ -26,8 +26,9 @@ def add_arguments(p) -> None:
     p.add_argument("--data-temp", type=float, default=dd.temperature, help="temperature of the target's answers")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for τ")
-    p.add_argument("--loss", choices=("ce", "auf"), default=d.loss,
-                   help="ce: every block slot; auf (Accept-Until-Fail): slots up to the first wrong one")
+    p.add_argument("--loss", choices=("ce", "auf", "kd"), default=d.loss,
+                   help="ce: every block slot; auf (Accept-Until-Fail): slots up to the first wrong one; "
+                        "kd: ce plus the KL divergence from the target's next-token distribution")
     p.add_argument("--sliding-window", type=int, default=None,
                    help="drafter attends to the last N-1 context rows only (flat draft cost at long context)")
     p.add_argument("--init-drafter", type=Path, default=None, help="fine-tune this drafter instead of a new one")

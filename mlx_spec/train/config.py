@@ -24,7 +24,8 @@ class DrafterTrainConfig:
     weight_decay: float = 0.01
     decay_gamma: float = 4.0  # loss weight of slot k: exp(-(k-1)/gamma)
     # "ce": every slot; "auf" (Accept-Until-Fail): each block only up to its first slot the drafter
-    # gets wrong (slots after a miss are never verified, so their loss only adds noise)
+    # gets wrong (slots after a miss are never verified, so their loss only adds noise); "kd": "ce" plus
+    # the KL divergence from the target's next-token distribution at each slot
     loss: str = "ce"
     sliding_window: int | None = None  # context rows a block sees (window - 1 before the anchor); None: all
     checkpoint_every: int = 100

@@ -107,8 +107,16 @@ def train_logits(drafter: DFlashDrafter, hidden: mx.array, pos, ids) -> mx.array
     return target.lm_head(drafter.norm(h[:, 1:])).astype(mx.float32)
 
 
-def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, gamma: float, loss: str = "ce"):
-    """Weighted cross-entropy of one sequence's blocks; hidden [1, S, taps*H] from the frozen target."""
+LOSSES = ("ce", "auf", "kd")
+
+
+def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, gamma: float, loss: str = "ce",
+                  teacher: mx.array | None = None):
+    """Weighted cross-entropy of one sequence's blocks; hidden [1, S, taps*H] from the frozen target.
+    "kd" adds the KL divergence from the target's own next-token distribution at each slot (teacher: its
+    logits [1, S, V] over the sequence), which says how close the runners-up were, not just which won."""
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, not {loss!r}")
     logits = train_logits(drafter, hidden, pos, ids)
     B1 = labels.shape[1]
     valid = labels >= 0
@@ -116,10 +124,21 @@ def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, ga
     weight = mx.exp(-mx.arange(B1, dtype=mx.float32) / gamma)[None] * valid
     if loss == "auf":
         weight = weight * auf_mask(correct)
-    elif loss != "ce":
-        raise ValueError(f"loss must be 'ce' or 'auf', not {loss!r}")
-    ce = nn.losses.cross_entropy(logits, mx.maximum(labels, 0), reduction="none")
-    return (ce * weight).sum(), weight.sum(), correct.sum(0), valid.sum(0)
+    per_slot = nn.losses.cross_entropy(logits, mx.maximum(labels, 0), reduction="none")
+    if loss == "kd":
+        if teacher is None:
+            raise ValueError("the kd loss needs the target's logits (teacher)")
+        per_slot = per_slot + slot_kl(logits, teacher, pos, B1)
+    return (per_slot * weight).sum(), weight.sum(), correct.sum(0), valid.sum(0)
+
+
+def slot_kl(logits: mx.array, teacher: mx.array, pos: mx.array, n_slots: int) -> mx.array:
+    """[n, B-1] KL(target || drafter) at each slot: slot j of the block at anchor p predicts token p+1+j,
+    which the target's logits at row p+j predicted (rows past the sequence are clamped; their slots
+    carry no weight)."""
+    rows = mx.minimum(pos[:, None] + mx.arange(n_slots)[None], teacher.shape[1] - 1)
+    target_logp = mx.stop_gradient(nn.log_softmax(teacher[0][rows].astype(mx.float32), axis=-1))
+    return (mx.exp(target_logp) * (target_logp - nn.log_softmax(logits, axis=-1))).sum(-1)
 
 
 def auf_mask(correct: mx.array) -> mx.array:
@@ -167,8 +186,8 @@ class DrafterTrainer:
     def _loss(self, model, batch):
         total, norm = mx.array(0.0), mx.array(0.0)
         hits, seen = mx.zeros(self.block - 1), mx.zeros(self.block - 1)
-        for hidden, pos, ids, labels in batch:
-            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, self.cfg.decay_gamma, self.cfg.loss)
+        for hidden, teacher, pos, ids, labels in batch:
+            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, self.cfg.decay_gamma, self.cfg.loss, teacher)
             total, norm, hits, seen = total + l, norm + w, hits + c, seen + s
         return total / mx.maximum(norm, 1.0), (hits, seen)
 
@@ -181,8 +200,9 @@ class DrafterTrainer:
         batch = []
         for i in rng.integers(0, len(self.records), size=cfg.sequences_per_step):
             r = self.records[i]
-            _, hidden = self.target(mx.array([r["tokens"]]), cache=None)
-            batch.append((mx.stop_gradient(hidden),
+            logits, hidden = self.target(mx.array([r["tokens"]]), cache=None)
+            teacher = mx.stop_gradient(logits) if cfg.loss == "kd" else None  # (unused logits are never computed)
+            batch.append((mx.stop_gradient(hidden), teacher,
                           *block_batch(r["tokens"], r["prompt_len"], cfg.anchors_per_sequence, self.block, mask, rng)))
         (loss, (hits, seen)), grads = self.grad_fn(self.drafter, batch)
         grads, _ = optim.clip_grad_norm(grads, 1.0)

@@ -10,6 +10,11 @@ load hits both alike; every client sends its requests one after another. Reporte
 source excerpts with a request): aggregate completion
 tokens per second of each server, and the median of the paired ratios: over the whole run, and while every
 client had a request in flight (`steady_rate`). `--json` for machines.
+
+Every request asks for `--max-tokens` by default, so a plain server's requests, started together, end in
+the same round and its batch stays whole; a speculative server's end rounds apart. `--vary-tokens` gives
+request j of client c `VARIED[(c + j) % 3]` times as many (the mean the same, the same sequence for both
+servers), as traffic whose answers differ in length would.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ import statistics
 import threading
 import time
 import urllib.request
+
+VARIED = (0.625, 1.0, 1.375)  # --vary-tokens: shares of --max-tokens, averaging 1
 
 CODE = ["Write a Python function that checks whether a string is a palindrome.",
         "Write a Python class Stack with push, pop and peek methods.",
@@ -57,8 +64,13 @@ def long_prompts(chars: int = 2500) -> list[str]:
             for i, m in enumerate(mods)]
 
 
-def request(url: str, kind: str, prompt: str, args) -> int:
-    body = {"max_tokens": args.max_tokens, "temperature": 0.0, "logit_bias": json.loads(args.logit_bias)}
+def max_tokens(args, c: int, j: int) -> int:
+    """The answer length client c asks for in its j-th request."""
+    return round(args.max_tokens * VARIED[(c + j) % len(VARIED)]) if args.vary_tokens else args.max_tokens
+
+
+def request(url: str, kind: str, prompt: str, args, tokens: int) -> int:
+    body = {"max_tokens": tokens, "temperature": 0.0, "logit_bias": json.loads(args.logit_bias)}
     if kind == "raw":
         path, body["prompt"] = "/v1/completions", prompt
     else:
@@ -101,7 +113,7 @@ def load(url: str, kind: str, prompts: list[str], clients: int, per_client: int,
         try:
             for j in range(per_client):
                 sent = time.perf_counter()
-                n = request(url, kind, prompts[(c * per_client + j) % len(prompts)], args)
+                n = request(url, kind, prompts[(c * per_client + j) % len(prompts)], args, max_tokens(args, c, j))
                 spans[c].append((sent, time.perf_counter(), n))
         except Exception as e:  # a refused or failed request fails the benchmark, not only its thread
             errors.append(e)
@@ -127,6 +139,8 @@ def main(argv=None) -> int:
     p.add_argument("--clients", default="1,4,8")
     p.add_argument("--per-client", type=int, default=2, help="requests each client sends, one after another")
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--vary-tokens", action="store_true",
+                   help="answers of 5/8, 1 and 11/8 times --max-tokens in turn (the same for both servers)")
     p.add_argument("--repeats", type=int, default=3, help="spec/plain pairs per client count (medians shown)")
     p.add_argument("--logit-bias", default="{}", help='JSON, e.g. \'{"0": -100, "2": -100}\' to keep EOS away')
     p.add_argument("--api-key", default=None)
