@@ -76,7 +76,7 @@ def test_a_server_that_fails_fails_the_benchmark():
                              "--clients", "1", "--repeats", "1", "--per-client", "1"])
 
 
-def test_varied_answer_lengths_average_max_tokens_and_are_the_same_for_both_servers():
+def test_varied_answer_lengths_average_max_tokens_and_are_the_same_for_both_servers(capsys):
     spec, spec_seen = server(8)
     plain, plain_seen = server(4)
     try:
@@ -86,6 +86,7 @@ def test_varied_answer_lengths_average_max_tokens_and_are_the_same_for_both_serv
     finally:
         spec.shutdown()
         plain.shutdown()
+    assert json.loads(capsys.readouterr().out)["settings"] == {"max_tokens": 64, "vary_tokens": True, "per_client": 2}
     asked = [sorted((b["prompt"], b["max_tokens"]) for _, b in seen[2:]) for seen in (spec_seen, plain_seen)]  # after warm-up
     assert asked[0] == asked[1] and len(asked[0]) == 6
     assert sorted(n for _, n in asked[0]) == [40, 40, 64, 64, 88, 88]  # each client: two of the three lengths

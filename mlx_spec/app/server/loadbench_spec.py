@@ -175,8 +175,9 @@ def main(argv=None) -> int:
                       f" tok/s | {row['ratio']:.2f}x (pairs {' '.join(f'{r:.2f}' for r in row['ratios'])}){cpu}",
                       flush=True)
     if args.json:
-        print(json.dumps({"schema": "mlx-spec-loadbench-spec/1", "load_average": os.getloadavg(), "results": rows},
-                         indent=2))
+        settings = {"max_tokens": args.max_tokens, "vary_tokens": args.vary_tokens, "per_client": args.per_client}
+        print(json.dumps({"schema": "mlx-spec-loadbench-spec/1", "load_average": os.getloadavg(), "settings": settings,
+                          "results": rows}, indent=2))
     return 0
 
 
