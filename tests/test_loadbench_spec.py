@@ -86,7 +86,8 @@ def test_varied_answer_lengths_average_max_tokens_and_are_the_same_for_both_serv
     finally:
         spec.shutdown()
         plain.shutdown()
-    assert json.loads(capsys.readouterr().out)["settings"] == {"max_tokens": 64, "vary_tokens": True, "per_client": 2}
+    settings = json.loads(capsys.readouterr().out)["settings"]
+    assert settings == {"max_tokens": 64, "vary_tokens": True, "per_client": 2, "repeats": 1, "logit_bias": "{}"}
     asked = [sorted((b["prompt"], b["max_tokens"]) for _, b in seen[2:]) for seen in (spec_seen, plain_seen)]  # after warm-up
     assert asked[0] == asked[1] and len(asked[0]) == 6
     assert sorted(n for _, n in asked[0]) == [40, 40, 64, 64, 88, 88]  # each client: two of the three lengths

@@ -13,8 +13,8 @@ client had a request in flight (`steady_rate`). `--json` for machines.
 
 Every request asks for `--max-tokens` by default, so a plain server's requests, started together, end in
 the same round and its batch stays whole; a speculative server's end rounds apart. `--vary-tokens` gives
-request j of client c `VARIED[(c + j) % 3]` times as many (the mean the same, the same sequence for both
-servers), as traffic whose answers differ in length would.
+request j of client c `VARIED[(c + j) % 3]` times as many, rounded (every three requests of a client average
+`--max-tokens`; the same sequence for both servers), as traffic whose answers differ in length would.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def main(argv=None) -> int:
                       f" tok/s | {row['ratio']:.2f}x (pairs {' '.join(f'{r:.2f}' for r in row['ratios'])}){cpu}",
                       flush=True)
     if args.json:
-        settings = {"max_tokens": args.max_tokens, "vary_tokens": args.vary_tokens, "per_client": args.per_client}
+        settings = {k: getattr(args, k) for k in ("max_tokens", "vary_tokens", "per_client", "repeats", "logit_bias")}
         print(json.dumps({"schema": "mlx-spec-loadbench-spec/1", "load_average": os.getloadavg(), "settings": settings,
                           "results": rows}, indent=2))
     return 0
