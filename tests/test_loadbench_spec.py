@@ -34,16 +34,23 @@ def server(tokens: int):
     return httpd, seen
 
 
-def test_table_pairs_spec_and_plain_servers(capsys):
+def against_stand_ins(args: list[str]):
+    """The benchmark run with `args` against a speculative stand-in (8 tokens an answer) and a plain one (4):
+    the request bodies each received, in order."""
     spec, spec_seen = server(8)
     plain, plain_seen = server(4)
     try:
         loadbench_spec.main(["--spec", f"http://127.0.0.1:{spec.server_port}", "--plain",
-                             f"http://127.0.0.1:{plain.server_port}", "--clients", "1,3", "--repeats", "1",
-                             "--per-client", "1", "--spec-pid", str(os.getpid()), "--plain-pid", str(os.getpid()), "--json"])
+                             f"http://127.0.0.1:{plain.server_port}", "--repeats", "1", "--json", *args])
     finally:
         spec.shutdown()
         plain.shutdown()
+    return spec_seen, plain_seen
+
+
+def test_table_pairs_spec_and_plain_servers(capsys):
+    spec_seen, plain_seen = against_stand_ins(["--clients", "1,3", "--per-client", "1", "--spec-pid", str(os.getpid()),
+                                               "--plain-pid", str(os.getpid())])
     data = json.loads(capsys.readouterr().out)
     rows = data["results"]
     assert [(r["kind"], r["clients"]) for r in rows] == [("code", 1), ("code", 3), ("raw", 1), ("raw", 3)]
@@ -77,15 +84,8 @@ def test_a_server_that_fails_fails_the_benchmark():
 
 
 def test_varied_answer_lengths_average_max_tokens_and_are_the_same_for_both_servers(capsys):
-    spec, spec_seen = server(8)
-    plain, plain_seen = server(4)
-    try:
-        loadbench_spec.main(["--spec", f"http://127.0.0.1:{spec.server_port}", "--plain",
-                             f"http://127.0.0.1:{plain.server_port}", "--clients", "3", "--repeats", "1",
-                             "--per-client", "2", "--kinds", "raw", "--max-tokens", "64", "--vary-tokens", "--json"])
-    finally:
-        spec.shutdown()
-        plain.shutdown()
+    spec_seen, plain_seen = against_stand_ins(["--clients", "3", "--per-client", "2", "--kinds", "raw",
+                                               "--max-tokens", "64", "--vary-tokens"])
     settings = json.loads(capsys.readouterr().out)["settings"]
     assert settings == {"max_tokens": 64, "vary_tokens": True, "per_client": 2, "repeats": 1, "logit_bias": "{}"}
     asked = [sorted((b["prompt"], b["max_tokens"]) for _, b in seen[2:]) for seen in (spec_seen, plain_seen)]  # after warm-up

@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
-    from ..train.config import DrafterTrainConfig, steps
+    from ..train.config import DRAFTER_LOSSES, DrafterTrainConfig, steps
     from ..train.data import DataConfig
 
     d, dd = DrafterTrainConfig(), DataConfig()
@@ -26,7 +26,7 @@ def add_arguments(p) -> None:
     p.add_argument("--data-temp", type=float, default=dd.temperature, help="temperature of the target's answers")
     p.add_argument("--eval-every", type=int, default=d.eval_every)
     p.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts for τ")
-    p.add_argument("--loss", choices=("ce", "auf", "kd"), default=d.loss,
+    p.add_argument("--loss", choices=DRAFTER_LOSSES, default=d.loss,
                    help="ce: every block slot; auf (Accept-Until-Fail): slots up to the first wrong one; "
                         "kd: ce plus the KL divergence from the target's next-token distribution")
     p.add_argument("--sliding-window", type=int, default=None,

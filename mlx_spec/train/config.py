@@ -9,6 +9,8 @@ from typing import ClassVar
 
 from .corpus import CorpusConfig
 
+DRAFTER_LOSSES = ("ce", "auf", "kd")  # see DrafterTrainConfig.loss
+
 
 @dataclass
 class DrafterTrainConfig:

@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 
 from ..drafters.dflash import DFlashConfig, DFlashDrafter, save_dflash
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import DrafterTrainConfig
+from .config import DRAFTER_LOSSES, DrafterTrainConfig
 
 
 def default_taps(n_layers: int, n_taps: int = 4) -> list[int]:
@@ -107,16 +107,13 @@ def train_logits(drafter: DFlashDrafter, hidden: mx.array, pos, ids) -> mx.array
     return target.lm_head(drafter.norm(h[:, 1:])).astype(mx.float32)
 
 
-LOSSES = ("ce", "auf", "kd")
-
-
 def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, gamma: float, loss: str = "ce",
                   teacher: mx.array | None = None):
     """Weighted cross-entropy of one sequence's blocks; hidden [1, S, taps*H] from the frozen target.
     "kd" adds the KL divergence from the target's own next-token distribution at each slot (teacher: its
     logits [1, S, V] over the sequence), which says how close the runners-up were, not just which won."""
-    if loss not in LOSSES:
-        raise ValueError(f"loss must be one of {', '.join(LOSSES)}, not {loss!r}")
+    if loss not in DRAFTER_LOSSES:
+        raise ValueError(f"loss must be one of {', '.join(DRAFTER_LOSSES)}, not {loss!r}")
     logits = train_logits(drafter, hidden, pos, ids)
     B1 = labels.shape[1]
     valid = labels >= 0
@@ -201,7 +198,7 @@ class DrafterTrainer:
         for i in rng.integers(0, len(self.records), size=cfg.sequences_per_step):
             r = self.records[i]
             logits, hidden = self.target(mx.array([r["tokens"]]), cache=None)
-            teacher = mx.stop_gradient(logits) if cfg.loss == "kd" else None  # (unused logits are never computed)
+            teacher = logits if cfg.loss == "kd" else None  # (unused logits are never computed)
             batch.append((mx.stop_gradient(hidden), teacher,
                           *block_batch(r["tokens"], r["prompt_len"], cfg.anchors_per_sequence, self.block, mask, rng)))
         (loss, (hits, seen)), grads = self.grad_fn(self.drafter, batch)
