@@ -1,5 +1,6 @@
 """The drafter's training losses (cross-entropy, Accept-Until-Fail, distillation from the target's
-distribution) and its sliding-window option: what each step supervises, against a small random target."""
+distribution), its labels (the answer's or the target's own) and its sliding-window option: what each step
+supervises, against a small random target."""
 
 import json
 
@@ -9,8 +10,8 @@ import pytest
 
 import mlx_spec
 from mlx_spec.drafters.dflash import load_dflash, save_dflash
-from mlx_spec.train.drafter import (DrafterTrainConfig, auf_mask, block_batch, new_drafter, sequence_loss, slot_kl,
-                                    train_logits)
+from mlx_spec.train.drafter import (DrafterTrainConfig, DrafterTrainer, auf_mask, block_batch, new_drafter,
+                                    sequence_loss, slot_kl, target_labels, train_logits)
 
 
 def test_auf_mask_stops_after_first_miss():
@@ -103,8 +104,6 @@ def test_sliding_window_training_matches_inference(pair, tmp_path):
 
 
 def test_trainer_runs_auf_with_window_and_resumes(pair, tmp_path):
-    from mlx_spec.train.drafter import DrafterTrainer
-
     model, tok = pair
     text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n" * 3
     records = [{"tokens": tok.encode(text), "prompt_len": 5}]
@@ -127,3 +126,40 @@ def test_train_drafter_rejects_bad_window(capsys):
     assert "at least 2" in capsys.readouterr().err
     assert main(["train-drafter", "--sliding-window", "64", "--init-drafter", "x"]) == 2
     assert "cannot be combined" in capsys.readouterr().err
+
+
+def test_target_labels_are_a_greedy_answers_own_tokens():
+    tokens = [5, 6, 7, 8, 9, 10, 11]
+    greedy = np.array(tokens[1:] + [3])  # row k's argmax is token k + 1: the answer is the target's greedy one
+    pos, _, labels = block_batch(tokens, 2, 5, 4, 0, np.random.default_rng(1))
+    assert target_labels(tokens, greedy, pos, 4).tolist() == labels.tolist()  # -1 past the end included
+
+
+def test_target_labels_follow_the_target_until_a_sampled_token_leaves_it():
+    tokens = [5, 6, 7, 8, 9, 10, 11, 12]
+    greedy = np.array([6, 7, 40, 9, 10, 11, 12, 3])  # token 3 (8) was sampled: the target would say 40
+    got = target_labels(tokens, greedy, mx.array([1, 2, 3, 5]), 4).tolist()
+    assert got == [[7, 40, -1],  # slot 2 is the target's token, and after the answer left it nothing is known
+                   [40, -1, -1],
+                   [9, 10, 11],  # an anchor after the sampled token: the target's tokens from its context
+                   [11, 12, -1]]
+
+
+def test_the_trainer_reads_the_targets_labels(pair, tmp_path):
+    """On the target's own greedy answer both labels are one; on other text they are not."""
+    model, tok = pair
+    ids = tok.encode("def add(a, b):")
+    prompt_len = len(ids)
+    for _ in range(24):  # the random target's greedy answer, one full pass a token
+        logits, _ = model.target(mx.array([ids]), cache=None)
+        ids.append(int(logits[0, -1].argmax()))
+    text = tok.encode("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n")
+    losses = {}
+    for name, tokens in (("greedy", ids), ("text", text)):
+        for labels in ("data", "target"):
+            cfg = DrafterTrainConfig(out=tmp_path / f"{name}-{labels}", block_size=4, target_layer_ids=[1, 3],
+                                     steps=1, warmup=1, labels=labels, sequences_per_step=1, anchors_per_sequence=6)
+            losses[name, labels] = DrafterTrainer(model.target, model.config, tok,
+                                                  [{"tokens": tokens, "prompt_len": prompt_len}], cfg).step()["loss"]
+    assert losses["greedy", "data"] == pytest.approx(losses["greedy", "target"], rel=1e-5)
+    assert losses["text", "data"] != pytest.approx(losses["text", "target"], rel=1e-3)

@@ -132,7 +132,8 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path, shallow):
     save_checkpoint(tmp_path / "ckpt", saved, opt, 7, cfg)
     longer = DrafterTrainConfig(out=tmp_path, target_layer_ids=[0, 1], block_size=4, steps=9000, lr=1e-4)
     assert load_checkpoint(tmp_path / "ckpt", *_fresh_state(model, tok, tmp_path), longer) == 7
-    for other in (dict(target_layer_ids=[0]), dict(block_size=8), dict(seed=3), dict(loss="auf")):
+    for other in (dict(target_layer_ids=[0]), dict(block_size=8), dict(seed=3), dict(loss="auf"),
+                  dict(labels="target")):
         changed = DrafterTrainConfig(**{**dict(out=tmp_path, target_layer_ids=[0, 1], block_size=4), **other})
         with pytest.raises(MlxSpecError, match="checkpoint of another run.*" + next(iter(other))):
             load_checkpoint(tmp_path / "ckpt", *_fresh_state(model, tok, tmp_path), changed)

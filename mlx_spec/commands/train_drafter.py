@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def add_arguments(p) -> None:
-    from ..train.config import DRAFTER_LOSSES, DrafterTrainConfig, steps
+    from ..train.config import DRAFTER_LABELS, DRAFTER_LOSSES, DrafterTrainConfig, steps
     from ..train.data import DataConfig
 
     d, dd = DrafterTrainConfig(), DataConfig()
@@ -29,6 +29,9 @@ def add_arguments(p) -> None:
     p.add_argument("--loss", choices=DRAFTER_LOSSES, default=d.loss,
                    help="ce: every block slot; auf (Accept-Until-Fail): slots up to the first wrong one; "
                         "kd: ce plus the KL divergence from the target's next-token distribution")
+    p.add_argument("--labels", choices=DRAFTER_LABELS, default=d.labels,
+                   help="data: each slot learns the answer's next token; target: the target's own greedy token "
+                        "there (for answers sampled with --data-temp: labels verification would check)")
     p.add_argument("--sliding-window", type=int, default=None,
                    help="drafter attends to the last N-1 context rows only (flat draft cost at long context)")
     p.add_argument("--init-drafter", type=Path, default=None, help="fine-tune this drafter instead of a new one")
@@ -85,7 +88,7 @@ def run(args) -> int:
         out=args.out, block_size=args.block_size, num_layers=layers,
         target_layer_ids=[int(x) for x in args.taps.split(",")] if args.taps else None, steps=args.steps,
         lr=args.lr, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
-        eval_every=args.eval_every, seed=args.seed, loss=args.loss, sliding_window=args.sliding_window,
+        eval_every=args.eval_every, seed=args.seed, loss=args.loss, labels=args.labels, sliding_window=args.sliding_window,
     )
     path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None,
                          init=init, until=args.until,

@@ -10,6 +10,7 @@ from typing import ClassVar
 from .corpus import CorpusConfig
 
 DRAFTER_LOSSES = ("ce", "auf", "kd")  # see DrafterTrainConfig.loss
+DRAFTER_LABELS = ("data", "target")  # see DrafterTrainConfig.labels
 
 
 @dataclass
@@ -29,13 +30,16 @@ class DrafterTrainConfig:
     # gets wrong (slots after a miss are never verified, so their loss only adds noise); "kd": "ce" plus
     # the KL divergence from the target's next-token distribution at each slot
     loss: str = "ce"
+    # "data": each slot learns the answer's next token; "target": the target's own greedy token there (its
+    # argmax while the answer agrees with it): what verification checks, also on answers sampled at a temperature
+    labels: str = "data"
     sliding_window: int | None = None  # context rows a block sees (window - 1 before the anchor); None: all
     checkpoint_every: int = 100
     eval_every: int = 250
     seed: int = 0
     # what a resumed run must share with the checkpoint's (the step count and learning rate may change)
     same_run: ClassVar[tuple] = ("block_size", "num_layers", "target_layer_ids", "sequences_per_step",
-                                 "anchors_per_sequence", "loss", "sliding_window", "seed")
+                                 "anchors_per_sequence", "loss", "labels", "sliding_window", "seed")
 
 
 @dataclass

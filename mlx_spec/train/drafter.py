@@ -91,6 +91,21 @@ def block_batch(tokens: list[int], prompt_len: int, n: int, block: int, mask: in
     return mx.array(pos.astype(np.int32)), mx.array(ids), mx.array(labels.astype(np.int32))
 
 
+def target_labels(tokens: list[int], greedy: np.ndarray, pos: mx.array, block: int) -> mx.array:
+    """Labels [n, B-1] saying what the target itself drafts from each anchor: slot j is the target's argmax
+    at row p+j-1 (greedy [S]: its argmax at every row of `tokens`), while the answer's tokens p+1..p+j-1
+    agree with it (then that row's argmax is the target's greedy token j); slots after a disagreement, or
+    past the answer's end, are -1. On a greedy answer these are the answer's own tokens; on a sampled one
+    they keep verification's labels under contexts that greedy data never reaches."""
+    toks, p = np.asarray(tokens + [-1] * block), np.asarray(pos)
+    g = np.concatenate([greedy, np.full(block, -1)])
+    agree = np.concatenate([toks[1:] == g[:-1], [False]])  # row k's argmax is the answer's token k + 1
+    slots = p[:, None] + np.arange(block - 1)[None]  # rows p .. p+B-2 predict slots 1 .. B-1
+    kept = np.cumprod(np.concatenate([np.ones((len(p), 1), bool), agree[slots[:, :-1]]], axis=1), axis=1)
+    labels = np.where(kept.astype(bool) & (toks[slots + 1] >= 0), g[slots], -1)
+    return mx.array(labels.astype(np.int32))
+
+
 def train_logits(drafter: DFlashDrafter, hidden: mx.array, pos, ids) -> mx.array:
     """[n, B-1, V] slot logits of n blocks at anchors `pos` over one sequence's tapped hidden states
     [1, S, taps*H]: each block sees the context rows inference would have cached by then."""
@@ -199,8 +214,10 @@ class DrafterTrainer:
             r = self.records[i]
             logits, hidden = self.target(mx.array([r["tokens"]]), cache=None)
             teacher = logits if cfg.loss == "kd" else None  # (unused logits are never computed)
-            batch.append((mx.stop_gradient(hidden), teacher,
-                          *block_batch(r["tokens"], r["prompt_len"], cfg.anchors_per_sequence, self.block, mask, rng)))
+            pos, ids, labels = block_batch(r["tokens"], r["prompt_len"], cfg.anchors_per_sequence, self.block, mask, rng)
+            if cfg.labels == "target":
+                labels = target_labels(r["tokens"], np.array(logits[0].argmax(-1)), pos, self.block)
+            batch.append((mx.stop_gradient(hidden), teacher, pos, ids, labels))
         (loss, (hits, seen)), grads = self.grad_fn(self.drafter, batch)
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         self.optimizer.update(self.drafter, grads)

@@ -69,6 +69,63 @@ def long_prompts(config: corpus.CorpusConfig, n: int, held: bool, fraction: floa
     return code + talk
 
 
+def answered(prompts: list[dict], records: list[dict], tokenizer, kind: str = "code") -> list[tuple[list[dict], str]]:
+    """(request, the target's answer) for each chat prompt of `kind`: `records` is train-drafter's data.jsonl
+    for `prompts` (its ids are their line numbers; a record whose prompt is not that line's is refused)."""
+    from .data import encode
+
+    eos, out = set(tokenizer.eos_token_ids), []
+    for r in sorted(records, key=lambda r: r["id"]):
+        if not 0 <= r["id"] < len(prompts) or r["tokens"][: r["prompt_len"]] != encode(tokenizer, prompts[r["id"]]):
+            raise ValueError(f"answer {r['id']} is not to line {r['id'] + 1} of the mix: --answers must be the "
+                             "data.jsonl that train-drafter wrote for the --after mix")
+        if r["kind"] == kind and "messages" in prompts[r["id"]]:
+            answer = [t for t in r["tokens"][r["prompt_len"] :] if t not in eos]  # the chat template ends the turn
+            out.append((prompts[r["id"]]["messages"], tokenizer.decode(answer)))
+    return out
+
+
+def long_talks(pairs: list[tuple[list[dict], str]], tokenizer, n: int, lo: int = 1000, hi: int = 1900,
+               seed: int = 32, kind: str = "long") -> list[dict]:
+    """n long multi-turn chats: earlier turns are requests answered in the target's own words (`pairs`), then one
+    more request; each grows to a length drawn from [lo, hi] tokens (kept if it ends inside). A user's long session
+    with the model, where the bench's long chat repeats made-up turns and a long prompt pastes a file."""
+    from .data import encode
+
+    if len(pairs) < 2:
+        raise ValueError("long chats need at least two answered requests")
+    rng, out, tries = random.Random(seed), [], 50 * n
+    while len(out) < n and tries:
+        tries -= 1
+        goal = rng.randint(lo, hi)
+        picks = rng.sample(pairs, min(30, len(pairs)))
+        ask, turns = picks.pop()[0], []
+        for request, answer in picks:
+            turn = request + [{"role": "assistant", "content": answer}]
+            if len(encode(tokenizer, {"messages": turns + turn + ask})) > goal:
+                break
+            turns += turn
+        chat = {"kind": kind, "messages": turns + ask}
+        if lo <= len(encode(tokenizer, chat)) <= hi:
+            out.append(chat)
+    if len(out) < n:
+        raise ValueError(f"made {len(out)} of {n} chats of {lo}-{hi} tokens: the answered requests are too few or short")
+    return out
+
+
+def eval_talks(model, tokenizer, n: int = 20) -> list[dict]:
+    """Held-out long chats (1,000-2,000 tokens): the built-in evaluation prompts, which no drafter trains on,
+    answered by the target (up to 128 tokens) and chained as `long_talks` chains the training side's."""
+    from .data import answer_batch, builtin_prompts, encode, read_prompts
+
+    prompts = read_prompts(builtin_prompts())
+    encoded = [encode(tokenizer, p) for p in prompts]
+    answers = [a for lo in range(0, len(encoded), 16)
+               for a in answer_batch(model, tokenizer, encoded[lo : lo + 16], 128, keep_eos=False)]
+    pairs = [(p["messages"], tokenizer.decode(a)) for p, a in zip(prompts, answers)]
+    return long_talks(pairs, tokenizer, n, lo=1000, hi=2000, seed=2, kind="long-talk")
+
+
 def drafter_mix(config: corpus.CorpusConfig, n_code: int, n_chat: int, n_raw: int, n_long: int,
                 fraction: float = HELD_OUT_FRACTION, raw_newline: bool = False) -> list[dict]:
     """Training prompts for the drafter: chat-formatted code and chat (corpus.drafter_prompts), raw
@@ -114,10 +171,14 @@ def by_length(prompts: list[dict], tokenizer) -> list[dict]:
     return sorted(prompts, key=lambda p: len(encode(tokenizer, p)))
 
 
-def _tokenizer(model: str | None):
+def _load(model: str | None):
     from ..loading import load
 
-    return load(model, drafter=None)[1]
+    return load(model, drafter=None)
+
+
+def _tokenizer(model: str | None):
+    return _load(model)[1]
 
 
 def read(path: Path) -> list[dict]:
@@ -135,7 +196,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="Write the drafter's mixed training prompts, or the held-out "
                                                  "evaluation sets (raw code continuations, long prompts).")
     parser.add_argument("out", type=Path, help="a JSONL file (training mix) or a folder (--eval)")
-    parser.add_argument("--eval", action="store_true", help="write held-out raw-code.jsonl and long.jsonl")
+    parser.add_argument("--eval", action="store_true",
+                        help="write held-out raw-code.jsonl, long.jsonl and long-chat.jsonl (the target's answers)")
     parser.add_argument("--docs", type=Path, default=corpus.DEBIAN_DOCS)
     parser.add_argument("--code", type=int, default=2000)
     parser.add_argument("--chat", type=int, default=1000)
@@ -154,6 +216,11 @@ if __name__ == "__main__":
                              "evaluation prompts): a pool for --from")
     parser.add_argument("--by-length", action="store_true",
                         help="with --from: order by encoded length (answered in batches of alike lengths)")
+    parser.add_argument("--long-talks", type=int, default=None, metavar="N",
+                        help="with --after and --answers: that mix, then N long multi-turn chats (1,000-1,900 tokens) "
+                             "whose earlier turns are its code requests with the target's answers")
+    parser.add_argument("--answers", type=Path, default=None,
+                        help="with --long-talks: train-drafter's data.jsonl for the --after mix")
     args = parser.parse_args()
     cfg = corpus.CorpusConfig(docs=args.docs)
     if args.chat_questions is not None:
@@ -161,6 +228,12 @@ if __name__ == "__main__":
 
         held = {m["content"] for p in read_prompts(builtin_prompts()) for m in p.get("messages", [])}
         write(args.out, corpus.chat_questions(args.chat_questions, seed=cfg.seed + 5, exclude=held))
+    elif args.long_talks is not None:
+        if args.after is None or args.answers is None:
+            parser.error("--long-talks needs --after (a mix) and --answers (its data.jsonl)")
+        done, tok = read(args.after), _tokenizer(args.model)
+        talks = long_talks(answered(done, read(args.answers), tok), tok, args.long_talks)
+        write(args.out, done + sorted(talks, key=lambda p: len(json.dumps(p))))
     elif args.source is not None:
         rows = read(args.source)
         counts = {"code": args.code, "chat": args.chat, "raw-code": args.raw, "long": args.long}
@@ -170,10 +243,11 @@ if __name__ == "__main__":
             rows = subset(rows, counts)
             write(args.out, by_length(rows, _tokenizer(args.model)) if args.by_length else rows)
     elif args.eval:
-        tok = _tokenizer(args.model)
+        loaded, tok = _load(args.model)
         write(args.out / "raw-code.jsonl", raw_code_prompts(cfg, 40, held=True, newline=args.raw_newline))
         bounded = within(long_prompts(cfg, 200, held=True), tok, 1000, 2000)
         code, talk = [p for p in bounded if len(p["messages"]) == 1], [p for p in bounded if len(p["messages"]) > 1]
         write(args.out / "long.jsonl", code[:15] + talk[:15])  # a source file + request; a long multi-turn chat
+        write(args.out / "long-chat.jsonl", eval_talks(loaded.model, tok))  # a long session with the target itself
     else:
         write(args.out, drafter_mix(cfg, args.code, args.chat, args.raw, args.long, raw_newline=args.raw_newline))
