@@ -163,3 +163,5 @@ def test_the_trainer_reads_the_targets_labels(pair, tmp_path):
                                                   [{"tokens": tokens, "prompt_len": prompt_len}], cfg).step()["loss"]
     assert losses["greedy", "data"] == pytest.approx(losses["greedy", "target"], rel=1e-5)
     assert losses["text", "data"] != pytest.approx(losses["text", "target"], rel=1e-3)
+    with pytest.raises(ValueError, match="labels must be one of data, target"):
+        DrafterTrainer(model.target, model.config, tok, [], DrafterTrainConfig(out=tmp_path / "x", labels="greedy"))

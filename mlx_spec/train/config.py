@@ -32,6 +32,7 @@ class DrafterTrainConfig:
     loss: str = "ce"
     # "data": each slot learns the answer's next token; "target": the target's own greedy token there (its
     # argmax while the answer agrees with it): what verification checks, also on answers sampled at a temperature
+    # (the log's slot_acc then counts the slots kept)
     labels: str = "data"
     sliding_window: int | None = None  # context rows a block sees (window - 1 before the anchor); None: all
     checkpoint_every: int = 100

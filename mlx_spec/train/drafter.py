@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 
 from ..drafters.dflash import DFlashConfig, DFlashDrafter, save_dflash
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import DRAFTER_LOSSES, DrafterTrainConfig
+from .config import DRAFTER_LABELS, DRAFTER_LOSSES, DrafterTrainConfig
 
 
 def default_taps(n_layers: int, n_taps: int = 4) -> list[int]:
@@ -171,6 +171,8 @@ class DrafterTrainer:
 
     def __init__(self, target, config: dict, tokenizer, records: list[dict], cfg: DrafterTrainConfig,
                  init: DFlashDrafter | None = None):
+        if cfg.labels not in DRAFTER_LABELS:
+            raise ValueError(f"labels must be one of {', '.join(DRAFTER_LABELS)}, not {cfg.labels!r}")
         cfg.out.mkdir(parents=True, exist_ok=True)
         self.cfg, self.target = cfg, target
         if init is None:
