@@ -116,13 +116,11 @@ def long_talks(pairs: list[tuple[list[dict], str]], tokenizer, n: int, lo: int =
 def eval_talks(model, tokenizer, n: int = 20) -> list[dict]:
     """Held-out long chats (1,000-2,000 tokens): the built-in evaluation prompts, which no drafter trains on,
     answered by the target (up to 128 tokens) and chained as `long_talks` chains the training side's."""
-    from .data import answer_batch, builtin_prompts, encode, read_prompts
+    from .data import builtin_prompts, read_prompts
+    from .target_eval import answers
 
     prompts = read_prompts(builtin_prompts())
-    encoded = [encode(tokenizer, p) for p in prompts]
-    answers = [a for lo in range(0, len(encoded), 16)
-               for a in answer_batch(model, tokenizer, encoded[lo : lo + 16], 128, keep_eos=False)]
-    pairs = [(p["messages"], tokenizer.decode(a)) for p, a in zip(prompts, answers)]
+    pairs = [(p["messages"], tokenizer.decode(a)) for p, a in zip(prompts, answers(model, tokenizer, prompts, 128))]
     return long_talks(pairs, tokenizer, n, lo=1000, hi=2000, seed=2, kind="long-talk")
 
 
