@@ -14,7 +14,8 @@ from mlx_spec.errors import MlxSpecError
 from mlx_spec.loading import Loaded
 from mlx_spec.train.checkpoint import load_checkpoint, save_checkpoint
 from mlx_spec.train.data import DataConfig, generate_data, read_prompts
-from mlx_spec.train.drafter import DrafterTrainConfig, grow, new_drafter, train_drafter
+from mlx_spec.train.config import decay_gamma
+from mlx_spec.train.drafter import DrafterTrainConfig, grow, new_drafter, reblock, train_drafter
 from mlx_spec.train.evaluate import measure
 
 PROMPTS = [{"messages": [{"role": "user", "content": t}], "kind": k} for t, k in [
@@ -133,7 +134,7 @@ def test_a_checkpoint_of_another_run_is_refused(tmp_path, shallow):
     longer = DrafterTrainConfig(out=tmp_path, target_layer_ids=[0, 1], block_size=4, steps=9000, lr=1e-4)
     assert load_checkpoint(tmp_path / "ckpt", *_fresh_state(model, tok, tmp_path), longer) == 7
     for other in (dict(target_layer_ids=[0]), dict(block_size=8), dict(seed=3), dict(loss="auf"),
-                  dict(labels="target")):
+                  dict(labels="target"), dict(decay_gamma=7.0)):
         changed = DrafterTrainConfig(**{**dict(out=tmp_path, target_layer_ids=[0, 1], block_size=4), **other})
         with pytest.raises(MlxSpecError, match="checkpoint of another run.*" + next(iter(other))):
             load_checkpoint(tmp_path / "ckpt", *_fresh_state(model, tok, tmp_path), changed)
@@ -187,3 +188,54 @@ def test_train_drafter_grows_but_never_shrinks_an_initial_drafter(tmp_path, caps
     assert not (tmp_path / "run").exists()  # refused before any answers were generated
     assert main(["train-drafter", "--layers", "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_a_reblocked_drafter_keeps_its_weights_and_fine_tunes_at_the_new_size(tmp_path, shallow):
+    model, tok = shallow
+    four = new_drafter(model.target, model.config, tok,
+                       DrafterTrainConfig(target_layer_ids=[0, 1], block_size=4))
+    eight = reblock(four, 8)
+    assert (four.config.block_size, eight.config.block_size) == (4, 8)
+    for (name, a), (_, b) in zip(tree_flatten(four.parameters()), tree_flatten(eight.parameters())):
+        assert mx.array_equal(a, b).item(), name
+    with pytest.raises(ValueError, match="at least one draft"):
+        reblock(four, 1)
+    ids = tok.encode("def add(a, b):\n    return a + b\n")
+    cfg = DrafterTrainConfig(out=tmp_path / "run", block_size=8, target_layer_ids=[0, 1], steps=2, warmup=1,
+                             sequences_per_step=1, anchors_per_sequence=4, checkpoint_every=1000)
+    records = [{"tokens": ids + ids, "prompt_len": 4}]
+    with pytest.raises(ValueError, match="drafts blocks of 4, the settings ask for 8"):
+        train_drafter(model.target, model.config, tok, records, cfg, init=four)  # never re-blocked unasked
+    path = train_drafter(model.target, model.config, tok, records, cfg, init=eight)
+    assert json.loads((path / "config.json").read_text())["dflash_config"]["block_size"] == 8
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert len(log[-1]["slot_acc"]) == 7  # every slot of the new block was taught
+    four.config = replace(four.config, quantization={"group_size": 64, "bits": 4})
+    with pytest.raises(ValueError, match="quantized"):
+        reblock(four, 8)
+
+
+def test_the_loss_decays_slower_over_a_longer_block():
+    assert [decay_gamma(DrafterTrainConfig(), b) for b in (4, 8, 10, 13, 16, 32)] == [4.0, 4.0, 5.0, 6.0, 7.0, 7.0]
+    assert decay_gamma(DrafterTrainConfig(decay_gamma=2.5), 16) == 2.5
+
+
+def test_train_drafter_fine_tunes_an_initial_drafter_to_another_block_size(tmp_path, capsys, shallow):
+    from mlx_spec.cli import main
+    from mlx_spec.drafters.dflash import save_dflash
+
+    model, tok = shallow
+    four = new_drafter(model.target, model.config, tok, DrafterTrainConfig(target_layer_ids=[0, 1], block_size=4))
+    init = save_dflash(four, tmp_path / "four")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS[:2]))
+    common = ["train-drafter", "--model", str(model.target_path), "--init-drafter", str(init), "--prompts", str(prompts),
+              "--max-tokens", "8", "--steps", "1", "--eval-prompts", "0"]
+    assert main(common + ["--out", str(tmp_path / "same")]) == 0  # no --block-size: the drafter's own
+    assert json.loads((tmp_path / "same" / "drafter" / "config.json").read_text())["block_size"] == 4
+    assert main(common + ["--out", str(tmp_path / "six"), "--block-size", "6"]) == 0
+    assert json.loads((tmp_path / "six" / "drafter" / "config.json").read_text())["block_size"] == 6
+    assert main(["train-drafter", "--block-size", "1"]) == 2
+    assert "at least 2" in capsys.readouterr().err
+    assert main(["train-drafter", "--decay-gamma", "0"]) == 2
+    assert "--decay-gamma must be positive" in capsys.readouterr().err

@@ -13,7 +13,9 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default=None, help="target folder or repo id (default: embedded model)")
     p.add_argument("--prompts", type=Path, default=None, help="JSONL of chats/prompts or a text file (default: built-in set)")
     p.add_argument("--out", type=Path, default=d.out)
-    p.add_argument("--block-size", type=int, default=d.block_size)
+    p.add_argument("--block-size", type=int, default=None,
+                   help=f"tokens per drafting block, anchor included (default {d.block_size}; with --init-drafter: its "
+                        "own, or another size to fine-tune it to)")
     p.add_argument("--layers", type=int, default=None,
                    help=f"drafter layers (default {d.num_layers}; with --init-drafter: its own, or more to grow it: "
                         "the new layers start as no-ops)")
@@ -32,6 +34,8 @@ def add_arguments(p) -> None:
     p.add_argument("--labels", choices=DRAFTER_LABELS, default=d.labels,
                    help="data: each slot learns the answer's next token; target: the target's own greedy token "
                         "there (for answers sampled with --data-temp: labels verification would check)")
+    p.add_argument("--decay-gamma", type=float, default=None,
+                   help="slot k's loss weight is exp(-(k-1)/gamma) (default: 4 at block 8, 5 at 10, 7 at 16)")
     p.add_argument("--sliding-window", type=int, default=None,
                    help="drafter attends to the last N-1 context rows only (flat draft cost at long context)")
     p.add_argument("--init-drafter", type=Path, default=None, help="fine-tune this drafter instead of a new one")
@@ -56,13 +60,19 @@ def run(args) -> int:
         raise MlxSpecError("--sliding-window makes a new drafter; it cannot be combined with --init-drafter")
     if args.layers is not None and args.layers < 1:
         raise MlxSpecError("--layers must be at least 1")
+    if args.decay_gamma is not None and not args.decay_gamma > 0:
+        raise MlxSpecError("--decay-gamma must be positive")
+    if args.block_size is not None and args.block_size < 2:
+        raise MlxSpecError("--block-size must be at least 2 (the anchor and one draft)")
     model, tok = load(args.model, drafter=None)
     init = None
     if args.init_drafter is not None:
         from ..drafters.dflash import load_dflash
-        from ..train.drafter import grow
+        from ..train.drafter import grow, reblock
 
         init = load_dflash(args.init_drafter, model.target, model.config)
+        if args.block_size is not None and args.block_size != init.config.block_size:
+            init = reblock(init, args.block_size)
         if args.layers is not None and args.layers != init.config.num_hidden_layers:
             try:
                 init = grow(init, args.layers)
@@ -84,11 +94,13 @@ def run(args) -> int:
         return round(measure(pair, tok, evals, max_tokens=64)["all"].tau, 3)
 
     layers = init.config.num_hidden_layers if init is not None else args.layers or DrafterTrainConfig.num_layers
+    block = args.block_size or (init.config.block_size if init is not None else DrafterTrainConfig.block_size)
     cfg = DrafterTrainConfig(
-        out=args.out, block_size=args.block_size, num_layers=layers,
+        out=args.out, block_size=block, num_layers=layers,
         target_layer_ids=[int(x) for x in args.taps.split(",")] if args.taps else None, steps=args.steps,
         lr=args.lr, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
-        eval_every=args.eval_every, seed=args.seed, loss=args.loss, labels=args.labels, sliding_window=args.sliding_window,
+        eval_every=args.eval_every, seed=args.seed, loss=args.loss, decay_gamma=args.decay_gamma, labels=args.labels,
+        sliding_window=args.sliding_window,
     )
     path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None,
                          init=init, until=args.until,

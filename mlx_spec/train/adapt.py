@@ -166,11 +166,12 @@ class Adaptation:
             share = min(c.rehearsal_share, 0.9)
             reps = max(1, round(share / (1 - share) * len(train) / len(rehearsal)))
             train = train + [{"tokens": r["tokens"], "prompt_len": r["prompt_len"]} for r in rehearsal] * reps
-        tcfg = DrafterTrainConfig(out=self.work, steps=c.steps, lr=c.lr, warmup=min(c.warmup, max(1, c.steps // 5)),
-                                  sequences_per_step=c.sequences_per_step, anchors_per_sequence=c.anchors_per_sequence,
-                                  checkpoint_every=c.checkpoint_every, eval_every=1 << 30, seed=c.seed)
-        return DrafterTrainer(self.model.target, self.model.config, self.tokenizer, train, tcfg,
-                              init=self._base_drafter())
+        base = self._base_drafter()
+        tcfg = DrafterTrainConfig(out=self.work, block_size=base.config.block_size, steps=c.steps, lr=c.lr,
+                                  warmup=min(c.warmup, max(1, c.steps // 5)), sequences_per_step=c.sequences_per_step,
+                                  anchors_per_sequence=c.anchors_per_sequence, checkpoint_every=c.checkpoint_every,
+                                  eval_every=1 << 30, seed=c.seed)
+        return DrafterTrainer(self.model.target, self.model.config, self.tokenizer, train, tcfg, init=base)
 
     def _decide(self, before: dict, after: dict, trainer, n_train: int, n_held: int) -> dict:
         from ..drafters.dflash import save_dflash

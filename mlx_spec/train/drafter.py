@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 
 from ..drafters.dflash import DFlashConfig, DFlashDrafter, save_dflash
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import DRAFTER_LABELS, DRAFTER_LOSSES, DrafterTrainConfig
+from .config import DRAFTER_LABELS, DRAFTER_LOSSES, DrafterTrainConfig, decay_gamma
 
 
 def default_taps(n_layers: int, n_taps: int = 4) -> list[int]:
@@ -78,6 +78,19 @@ def grow(drafter: DFlashDrafter, n_layers: int) -> DFlashDrafter:
             proj.update({k: mx.zeros_like(v) for k, v in proj.parameters().items()})
     mx.eval(deeper.parameters())
     return deeper.bind(drafter._target) if drafter._target is not None else deeper
+
+
+def reblock(drafter: DFlashDrafter, block_size: int) -> DFlashDrafter:
+    """The same weights drafting blocks of another size (none of them depends on it). Untrained at the new
+    size: the block's mask rows attend to each other, so even its first slots draft worse until fine-tuned."""
+    if block_size < 2:
+        raise ValueError(f"a drafting block holds the anchor and at least one draft, not {block_size}")
+    if drafter.config.quantization:
+        raise ValueError("cannot re-block a quantized drafter; train from its float weights")
+    other = DFlashDrafter(replace(drafter.config, block_size=block_size))
+    other.load_weights(list(tree_flatten(drafter.parameters())))
+    mx.eval(other.parameters())
+    return other.bind(drafter._target) if drafter._target is not None else other
 
 
 def block_batch(tokens: list[int], prompt_len: int, n: int, block: int, mask: int, rng) -> tuple:
@@ -177,8 +190,12 @@ class DrafterTrainer:
         self.cfg, self.target = cfg, target
         if init is None:
             mx.random.seed(cfg.seed)  # only a new drafter's initialization draws from MLX's global RNG
+        if init is not None and init.config.block_size != cfg.block_size:
+            raise ValueError(f"the initial drafter drafts blocks of {init.config.block_size}, the settings ask for "
+                             f"{cfg.block_size}: reblock() it first to fine-tune it to the new size")
         self.drafter = init if init is not None else new_drafter(target, config, tokenizer, cfg)
         self.block = self.drafter.config.block_size
+        self.gamma = decay_gamma(cfg, self.block)
         target.set_taps(self.drafter.tap_ids)
         warm = optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup)
         decay = optim.cosine_decay(cfg.lr, max(1, cfg.steps - cfg.warmup), cfg.lr * 0.05)
@@ -201,7 +218,7 @@ class DrafterTrainer:
         total, norm = mx.array(0.0), mx.array(0.0)
         hits, seen = mx.zeros(self.block - 1), mx.zeros(self.block - 1)
         for hidden, teacher, pos, ids, labels in batch:
-            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, self.cfg.decay_gamma, self.cfg.loss, teacher)
+            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, self.gamma, self.cfg.loss, teacher)
             total, norm, hits, seen = total + l, norm + w, hits + c, seen + s
         return total / mx.maximum(norm, 1.0), (hits, seen)
 
