@@ -14,8 +14,7 @@ from mlx_spec.errors import MlxSpecError
 from mlx_spec.loading import Loaded
 from mlx_spec.train.checkpoint import load_checkpoint, save_checkpoint
 from mlx_spec.train.data import DataConfig, generate_data, read_prompts
-from mlx_spec.train.config import decay_gamma
-from mlx_spec.train.drafter import DrafterTrainConfig, grow, new_drafter, reblock, train_drafter
+from mlx_spec.train.drafter import DrafterTrainConfig, decay_gamma, grow, new_drafter, reblock, train_drafter
 from mlx_spec.train.evaluate import measure
 
 PROMPTS = [{"messages": [{"role": "user", "content": t}], "kind": k} for t, k in [

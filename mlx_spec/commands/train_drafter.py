@@ -94,7 +94,7 @@ def run(args) -> int:
         return round(measure(pair, tok, evals, max_tokens=64)["all"].tau, 3)
 
     layers = init.config.num_hidden_layers if init is not None else args.layers or DrafterTrainConfig.num_layers
-    block = args.block_size or (init.config.block_size if init is not None else DrafterTrainConfig.block_size)
+    block = init.config.block_size if init is not None else args.block_size or DrafterTrainConfig.block_size
     cfg = DrafterTrainConfig(
         out=args.out, block_size=block, num_layers=layers,
         target_layer_ids=[int(x) for x in args.taps.split(",")] if args.taps else None, steps=args.steps,

@@ -25,8 +25,7 @@ class DrafterTrainConfig:
     lr: float = 1e-3
     warmup: int = 100
     weight_decay: float = 0.01
-    # loss weight of slot k: exp(-(k-1)/gamma); None: the DFlash paper's for the block (4 at 8, 5 at 10, 7 at 16),
-    # so a longer block's far slots still teach something
+    # loss weight of slot k: exp(-(k-1)/gamma); None: the DFlash paper's for the block (train.drafter.decay_gamma)
     decay_gamma: float | None = None
     # "ce": every slot; "auf" (Accept-Until-Fail): each block only up to its first slot the drafter
     # gets wrong (slots after a miss are never verified, so their loss only adds noise); "kd": "ce" plus
@@ -43,18 +42,6 @@ class DrafterTrainConfig:
     # what a resumed run must share with the checkpoint's (the step count and learning rate may change)
     same_run: ClassVar[tuple] = ("block_size", "num_layers", "target_layer_ids", "sequences_per_step",
                                  "anchors_per_sequence", "loss", "labels", "decay_gamma", "sliding_window", "seed")
-
-
-def decay_gamma(cfg: DrafterTrainConfig, block_size: int) -> float:
-    if cfg.decay_gamma is not None:
-        return cfg.decay_gamma
-    knots = ((8, 4.0), (10, 5.0), (16, 7.0))  # the paper's; held flat outside them
-    if block_size <= knots[0][0]:
-        return knots[0][1]
-    for (b0, g0), (b1, g1) in zip(knots, knots[1:]):
-        if block_size <= b1:
-            return g0 + (g1 - g0) * (block_size - b0) / (b1 - b0)
-    return knots[-1][1]
 
 
 @dataclass

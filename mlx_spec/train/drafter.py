@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 
 from ..drafters.dflash import DFlashConfig, DFlashDrafter, save_dflash
 from .checkpoint import load_checkpoint, save_checkpoint
-from .config import DRAFTER_LABELS, DRAFTER_LOSSES, DrafterTrainConfig, decay_gamma
+from .config import DRAFTER_LABELS, DRAFTER_LOSSES, DrafterTrainConfig
 
 
 def default_taps(n_layers: int, n_taps: int = 4) -> list[int]:
@@ -68,16 +68,13 @@ def grow(drafter: DFlashDrafter, n_layers: int) -> DFlashDrafter:
     if extra < 0:
         raise ValueError(f"cannot grow a {cfg.num_hidden_layers}-layer drafter to {n_layers} layers: "
                          "a drafter can grow, not shrink")
-    if cfg.quantization:
-        raise ValueError("cannot grow a quantized drafter; train from its float weights")
     types = cfg.layer_types + cfg.layer_types[-1:] * extra if cfg.layer_types else None
-    deeper = DFlashDrafter(replace(cfg, num_hidden_layers=n_layers, layer_types=types))
-    deeper.load_weights(list(tree_flatten(drafter.parameters())), strict=False)
+    deeper = _rebuilt(drafter, replace(cfg, num_hidden_layers=n_layers, layer_types=types), "grow", strict=False)
     for layer in deeper.layers[cfg.num_hidden_layers:]:
         for proj in (layer.self_attn.o_proj, layer.mlp.down_proj):
             proj.update({k: mx.zeros_like(v) for k, v in proj.parameters().items()})
     mx.eval(deeper.parameters())
-    return deeper.bind(drafter._target) if drafter._target is not None else deeper
+    return deeper
 
 
 def reblock(drafter: DFlashDrafter, block_size: int) -> DFlashDrafter:
@@ -85,10 +82,16 @@ def reblock(drafter: DFlashDrafter, block_size: int) -> DFlashDrafter:
     size: the block's mask rows attend to each other, so even its first slots draft worse until fine-tuned."""
     if block_size < 2:
         raise ValueError(f"a drafting block holds the anchor and at least one draft, not {block_size}")
+    return _rebuilt(drafter, replace(drafter.config, block_size=block_size), "re-block")
+
+
+def _rebuilt(drafter: DFlashDrafter, config: DFlashConfig, change: str, strict: bool = True) -> DFlashDrafter:
+    """A drafter of `config` holding `drafter`'s weights, bound to its target (strict=False: weights it adds
+    keep their fresh initialization)."""
     if drafter.config.quantization:
-        raise ValueError("cannot re-block a quantized drafter; train from its float weights")
-    other = DFlashDrafter(replace(drafter.config, block_size=block_size))
-    other.load_weights(list(tree_flatten(drafter.parameters())))
+        raise ValueError(f"cannot {change} a quantized drafter; train from its float weights")
+    other = DFlashDrafter(config)
+    other.load_weights(list(tree_flatten(drafter.parameters())), strict=strict)
     mx.eval(other.parameters())
     return other.bind(drafter._target) if drafter._target is not None else other
 
@@ -133,6 +136,12 @@ def train_logits(drafter: DFlashDrafter, hidden: mx.array, pos, ids) -> mx.array
             visible = visible & (rows >= pos[:, None] - (window - 1))
         h = layer(h, layer.self_attn.context_kv(ctx, 0), pos, None, False, visible[:, None, None, :])
     return target.lm_head(drafter.norm(h[:, 1:])).astype(mx.float32)
+
+
+def decay_gamma(cfg: DrafterTrainConfig, block_size: int) -> float:
+    """The loss's decay over slots: the setting, else the DFlash paper's for the block (4 at 8, 5 at 10, 7 at
+    16; held flat outside them), so a longer block's far slots still teach something."""
+    return cfg.decay_gamma if cfg.decay_gamma is not None else float(np.interp(block_size, (8, 10, 16), (4, 5, 7)))
 
 
 def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, gamma: float, loss: str = "ce",
