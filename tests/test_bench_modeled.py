@@ -38,7 +38,31 @@ def test_auto_stays_plain_where_drafting_cannot_pay(pair):
     assert p["best_block"] == 1 and len(p["fixed_tps"]) == model.drafter.block_size
     assert rows[0]["auto_over_best"] == p["auto_over_best"] == pytest.approx(p["auto_tps"] / max(p["fixed_tps"]))
     assert p["auto_over_best"] > 0.97  # plain throughout but for a probe or two
+    assert rows[0]["auto_shared_over_best"] == p["auto_shared_over_best"] == pytest.approx(
+        p["auto_shared_tps"] / max(p["fixed_tps"]))
+    assert p["auto_shared_over_best"] > 0.97  # in the bench's order too
 
+
+def test_in_the_bench_order_every_kind_shares_one_memory(pair):
+    """auto in the bench's order: one controller memory across kinds and prompts, each prompt a warm-up and
+    two counted repeats, sent as token ids; the per-prompt auto keeps a memory of its own."""
+    from mlx_spec.controller import AdaptiveLength, ControllerMemory
+
+    model, tok = pair
+    b = model.drafter.block_size
+    flat = CostCurve(verify=[1.0] * b, draft=[0.01] * (b - 1), rounds=[1.0] * b)
+    prompt = "Write a Python function that adds two numbers."
+    rows = compare(model, tok, {"first": [prompt], "second": [prompt]}, flat, 24)
+    (first,), (second,) = (r["prompts"] for r in rows)
+    assert first["auto_tps"] == second["auto_tps"]  # a memory of its own: the same runs again
+    ids, memory = encode(tok, prompt), ControllerMemory()
+
+    def in_order():
+        runs = [modeled_rate(model, tok, ids, 24, AdaptiveLength(flat, b - 1, memory=memory, clock=None), flat)
+                for _ in range(3)][1:]
+        return sum(n for n, _ in runs) / sum(s for _, s in runs)
+    assert first["auto_shared_tps"] == pytest.approx(in_order())
+    assert second["auto_shared_tps"] == pytest.approx(in_order())  # after the first kind's three requests
 
 def test_cli_modeled_json(target_dir, drafter_dir, tmp_path):
     out = subprocess.run(["mlx-spec", "bench", "--model", str(target_dir), "--drafter", str(drafter_dir), "--modeled",

@@ -453,3 +453,20 @@ def test_a_round_measured_no_dearer_than_the_narrower_one_costs_the_same():
     rising = [10.31, 14.53, 17.77, 17.8, 17.9, 19.39, 22.0, 23.0]
     assert level_dips(line, verify, rising) == line
     assert level_dips(line, [11.05, 11.0] + verify[2:], [10.31, 9.0] + rising[2:]) == line
+
+
+def test_unreached_positions_lean_on_evidence_not_on_a_guess():
+    """A position leans on the one before it lifted toward 1 only where that one has trials behind it: past
+    the deepest position reached, the estimates stay flat (a lift on a lift read 0.94 fifteen positions deep
+    where a 16-row drafter's deep drafts were mostly wrong, and it drafted 15 at 800 tokens of context)."""
+    mild = CostCurve(verify=[1.0 + 0.15 * m for m in range(16)], draft=[0.05] * 15)
+    c = AdaptiveLength(mild, max_k=15, clock=None)
+    for _ in range(20):
+        c.update(3, 2)  # three drafts a round, two accepted: positions 1-3 judged, 4 and beyond never reached
+    est = c.estimates()
+    assert est[3] > est[2] and est[3] == pytest.approx(est[2] + (1 - est[2]) * c.cfg.lift)  # lifted on evidence
+    assert est[4:] == pytest.approx([est[3]] * 11)  # a guess is not lifted again
+    old = AdaptiveLength(mild, max_k=15, config=ControllerConfig(evidence=0.0), clock=None)  # a lift on every lean
+    for _ in range(20):
+        old.update(3, 2)
+    assert old.estimates()[14] > 0.9 > est[14]

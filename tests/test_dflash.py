@@ -74,6 +74,40 @@ def test_a_short_draft_is_the_whole_blocks_first_drafts(pair):
     assert mx.allclose(d.propose(state, 17, 3, sampled).q, q[:3], atol=1e-6).item()
 
 
+def test_a_drafter_trained_at_sub_blocks_runs_the_smallest_that_holds_the_draft(tmp_path, target_dir):
+    """A drafter that learnt blocks of 4 and 8 (`train-drafter --sub-blocks`) drafts up to 3 tokens from a block
+    of 4 rows, more from the whole block, alone or batched; greedy speculation with it stays lossless."""
+    from mlx_spec.drafters.dflash import DFlashConfig
+    from mlx_spec.engine.sampling import Sampler, SamplingParams
+    from test_lossless_greedy import plain, spec
+
+    path = factory.make_drafter(tmp_path / "sub", target_dir, block_size=8, block_sizes=[4, 8])
+    assert json.loads((path / "config.json").read_text())["dflash_config"]["block_sizes"] == [4, 8]
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(path), mode="dflash")
+    d = model.drafter
+    assert d.config.block_sizes == [4, 8] and d.block_size == 8
+    assert [d.config.rows_for(k) for k in range(1, 8)] == [4, 4, 4, 8, 8, 8, 8]
+    ids = tok.encode("def add(a, b):\n    return a + b\n")
+    state = d.make_state()
+    d.observe(state, context(model, ids), ids)
+    sampled = Sampler(SamplingParams(temperature=5.0, seed=1), model.vocab_size).drafting(0)  # flat: every logit shows
+    four, eight = (sampled.probs(d.block_logits(state, 17, n)[0, 1:]) for n in (4, 8))
+    assert not mx.allclose(four, eight[:3], atol=1e-6).item()  # (else the test could not tell the blocks apart)
+    for k, law in ((3, four), (2, four[:2]), (5, eight[:5])):
+        assert mx.allclose(d.propose(state, 17, k, sampled).q, law, atol=1e-6).item(), k
+    batched = d.propose_batch([state, state], [17, 17], [3, 1], [sampled] * 2)
+    assert mx.allclose(batched[0].q, four, atol=1e-5).item() and mx.allclose(batched[1].q, four[:1], atol=1e-5).item()
+    ref = plain(target_dir, "def add(a, b):", 30)
+    for block in (3, 4, 8, None):
+        assert spec(model, tok, "def add(a, b):", 30, block_size=block)[0] == ref, block
+    whole = json.loads((factory.make_drafter(tmp_path / "whole", target_dir) / "config.json").read_text())
+    assert DFlashConfig.from_dict(whole).block_sizes is None  # the key only where it says something
+    for bad in ([4, 32], [1, 8], "8", [4.5]):
+        whole["dflash_config"]["block_sizes"] = bad
+        with pytest.raises(mlx_spec.LoadError, match="block_sizes must list block sizes from 2 to its block_size"):
+            DFlashConfig.from_dict(whole)
+
+
 def test_sliding_causal_layers(tmp_path, target_dir):
     path = factory.make_drafter(tmp_path / "sw", target_dir, layers=2, layer_types=["sliding_attention", "full_attention"],
                                 sliding_window=4)

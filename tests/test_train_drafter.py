@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import mlx.core as mx
 import mlx.optimizers as optim
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
@@ -14,7 +15,8 @@ from mlx_spec.errors import MlxSpecError
 from mlx_spec.loading import Loaded
 from mlx_spec.train.checkpoint import load_checkpoint, save_checkpoint
 from mlx_spec.train.data import DataConfig, generate_data, read_prompts
-from mlx_spec.train.drafter import DrafterTrainConfig, decay_gamma, grow, new_drafter, reblock, train_drafter
+from mlx_spec.train.drafter import (DrafterTrainConfig, block_batch, cut_labels, decay_gamma, grow, new_drafter, reblock,
+                                    train_drafter, train_logits)
 from mlx_spec.train.evaluate import measure
 
 PROMPTS = [{"messages": [{"role": "user", "content": t}], "kind": k} for t, k in [
@@ -238,3 +240,55 @@ def test_train_drafter_fine_tunes_an_initial_drafter_to_another_block_size(tmp_p
     assert "at least 2" in capsys.readouterr().err
     assert main(["train-drafter", "--decay-gamma", "0"]) == 2
     assert "--decay-gamma must be positive" in capsys.readouterr().err
+
+
+def test_a_block_trained_at_a_sub_block_size_sees_only_its_own_rows(shallow):
+    """Blocks of several sizes train in one batch: the first s rows of a block trained at size s give the
+    logits a block of s rows gives alone (what drafting from it runs), and only its s - 1 slots are taught."""
+    model, tok = shallow
+    d = new_drafter(model.target, model.config, tok, DrafterTrainConfig(target_layer_ids=[0, 1], block_size=8))
+    model.target.set_taps(d.tap_ids)
+    ids = tok.encode("def add(a, b):\n    return a + b\n" * 2)
+    _, hidden = model.target(mx.array([ids]), cache=None)
+    pos, blocks, labels = block_batch(ids, 2, 3, 8, d.config.mask_token_id, np.random.default_rng(0))
+    sizes = np.array([4, 8, 2])
+    cut, whole = train_logits(d, hidden, pos, blocks, sizes), train_logits(d, hidden, pos, blocks)
+    for i, n in enumerate(sizes):
+        alone = train_logits(d, hidden, pos[i : i + 1], blocks[i : i + 1, :n])  # a block of n rows, alone
+        np.testing.assert_allclose(np.array(cut[i, : n - 1]), np.array(alone[0]), atol=1e-4)
+    assert not mx.allclose(cut[0, :3], whole[0, :3], atol=1e-4).item()  # the later rows would have mattered
+    taught = cut_labels(labels, sizes)
+    assert mx.array_equal(taught[1], labels[1]).item() and mx.array_equal(taught[0, :3], labels[0, :3]).item()
+    assert (taught[0, 3:] == -1).all().item() and (taught[2, 1:] == -1).all().item()
+
+
+def test_train_drafter_teaches_sub_blocks_and_a_fine_tune_keeps_them(tmp_path, capsys, shallow):
+    from mlx_spec.cli import main
+    from mlx_spec.drafters.dflash import save_dflash
+
+    model, tok = shallow
+    ids = tok.encode("def add(a, b):\n    return a + b\n")
+    cfg = DrafterTrainConfig(out=tmp_path / "run", block_size=8, sub_blocks=[4], target_layer_ids=[0, 1], steps=2,
+                             warmup=1, sequences_per_step=1, anchors_per_sequence=8, checkpoint_every=1000)
+    path = train_drafter(model.target, model.config, tok, [{"tokens": ids + ids, "prompt_len": 4}], cfg)
+    trained, _ = mlx_spec.load(str(model.target_path), drafter=str(path))
+    assert trained.drafter.config.block_sizes == [4, 8] and trained.drafter.block_size == 8
+    for bad in ([8], [1]):
+        with pytest.raises(ValueError, match="sub-blocks"):
+            train_drafter(model.target, model.config, tok, [{"tokens": ids + ids, "prompt_len": 4}],
+                          replace(cfg, out=tmp_path / f"bad{bad[0]}", sub_blocks=bad))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps(p) + "\n" for p in PROMPTS[:2]))
+    common = ["train-drafter", "--model", str(model.target_path), "--init-drafter", str(path), "--prompts", str(prompts),
+              "--max-tokens", "8", "--steps", "1", "--eval-prompts", "0"]
+
+    def sizes(run):
+        return json.loads((tmp_path / run / "drafter" / "config.json").read_text())["dflash_config"].get("block_sizes")
+
+    assert main(common + ["--out", str(tmp_path / "kept")]) == 0 and sizes("kept") == [4, 8]
+    assert main(common + ["--out", str(tmp_path / "more"), "--sub-blocks", "2,6"]) == 0 and sizes("more") == [2, 6, 8]
+    assert main(common + ["--out", str(tmp_path / "re"), "--block-size", "6"]) == 0 and sizes("re") is None
+    for bad, message in (("8", "shorter than the block (8)"), ("4,x", "comma-separated block sizes")):
+        assert main(common + ["--out", str(tmp_path / "bad"), "--sub-blocks", bad]) == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "bad").exists()  # refused before any answers were generated

@@ -16,6 +16,9 @@ def add_arguments(p) -> None:
     p.add_argument("--block-size", type=int, default=None,
                    help=f"tokens per drafting block, anchor included (default {d.block_size}; with --init-drafter: its "
                         "own, or another size to fine-tune it to)")
+    p.add_argument("--sub-blocks", default=None,
+                   help="comma-separated shorter blocks it also learns to draft from (e.g. 8 for a block of 16): a "
+                        "short draft then runs only the rows it needs (default: none; with --init-drafter: its own)")
     p.add_argument("--layers", type=int, default=None,
                    help=f"drafter layers (default {d.num_layers}; with --init-drafter: its own, or more to grow it: "
                         "the new layers start as no-ops)")
@@ -64,6 +67,7 @@ def run(args) -> int:
         raise MlxSpecError("--decay-gamma must be positive")
     if args.block_size is not None and args.block_size < 2:
         raise MlxSpecError("--block-size must be at least 2 (the anchor and one draft)")
+    sub_blocks = _sizes(args.sub_blocks) if args.sub_blocks is not None else None
     model, tok = load(args.model, drafter=None)
     init = None
     if args.init_drafter is not None:
@@ -78,6 +82,11 @@ def run(args) -> int:
                 init = grow(init, args.layers)
             except ValueError as e:  # fewer layers than it has, or a quantized drafter
                 raise MlxSpecError(f"--layers {args.layers}: {args.init_drafter}: {e}") from None
+    block = init.config.block_size if init is not None else args.block_size or DrafterTrainConfig.block_size
+    if sub_blocks is None:  # a drafter fine-tuned at its own block keeps the sub-blocks it learnt
+        sub_blocks = [b for b in (init.config.block_sizes or ()) if b != block] if init is not None else []
+    if any(not 2 <= b < block for b in sub_blocks):
+        raise MlxSpecError(f"--sub-blocks must be shorter than the block ({block}) and at least 2, got {args.sub_blocks}")
     prompts = read_prompts(args.prompts or builtin_prompts())
     held_out = set(range(0, len(prompts), max(1, len(prompts) // max(1, args.eval_prompts)))) if args.eval_prompts else set()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -94,13 +103,12 @@ def run(args) -> int:
         return round(measure(pair, tok, evals, max_tokens=64)["all"].tau, 3)
 
     layers = init.config.num_hidden_layers if init is not None else args.layers or DrafterTrainConfig.num_layers
-    block = init.config.block_size if init is not None else args.block_size or DrafterTrainConfig.block_size
     cfg = DrafterTrainConfig(
         out=args.out, block_size=block, num_layers=layers,
         target_layer_ids=[int(x) for x in args.taps.split(",")] if args.taps else None, steps=args.steps,
         lr=args.lr, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
         eval_every=args.eval_every, seed=args.seed, loss=args.loss, decay_gamma=args.decay_gamma, labels=args.labels,
-        sliding_window=args.sliding_window,
+        sliding_window=args.sliding_window, sub_blocks=sub_blocks,
     )
     path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None,
                          init=init, until=args.until,
@@ -116,3 +124,12 @@ def run(args) -> int:
         final, _ = load(str(model.target_path), drafter=str(path))
         print(table(measure(final, tok, evals, max_tokens=128)))
     return 0
+
+
+def _sizes(text: str) -> list[int]:
+    from ..errors import MlxSpecError
+
+    try:
+        return sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise MlxSpecError(f"--sub-blocks takes comma-separated block sizes, e.g. 8 or 4,8; got {text!r}") from None

@@ -36,6 +36,9 @@ class DFlashConfig:
     mask_token_id: int
     target_layer_ids: list[int]
     block_size: int = 16
+    # the shorter blocks it also learnt to draft from (mlx-spec's `train-drafter --sub-blocks`), with block_size:
+    # a short draft runs the smallest that holds it (None: always the whole block, as trained)
+    block_sizes: list[int] | None = None
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
     rope_scaling: dict | None = None
@@ -62,6 +65,11 @@ class DFlashConfig:
             if n_target is None:
                 raise LoadError("drafter config has neither target_layer_ids nor num_target_layers")
             taps = [n_target // 2] if n == 1 else [round(1 + i * (n_target - 4) / (n - 1)) for i in range(n)]
+        block = d.get("block_size") or cfg.get("block_size") or 16
+        sizes = d.get("block_sizes")
+        if sizes is not None and not (isinstance(sizes, list) and all(type(b) is int and 2 <= b <= block for b in sizes)):
+            raise LoadError(f"drafter config's block_sizes must list block sizes from 2 to its block_size ({block}), "
+                            f"got {sizes!r}")
         return cls(
             hidden_size=cfg["hidden_size"], num_hidden_layers=n,
             num_attention_heads=cfg["num_attention_heads"],
@@ -70,7 +78,7 @@ class DFlashConfig:
             intermediate_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
             mask_token_id=d.get("mask_token_id", cfg.get("mask_token_id")),
             target_layer_ids=list(taps),
-            block_size=d.get("block_size") or cfg.get("block_size") or 16,
+            block_size=block, block_sizes=sizes,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=cfg.get("rope_theta") or rope.get("rope_theta") or 1_000_000.0,
             rope_scaling=cfg.get("rope_scaling") or (rope if rope.get("rope_type") not in (None, "default") else None),
@@ -83,6 +91,10 @@ class DFlashConfig:
             final_logit_softcapping=d.get("final_logit_softcapping"),
             quantization=cfg.get("quantization"),
         )
+
+    def rows_for(self, drafts: int) -> int:
+        """Rows of the block that drafts this many: the smallest block it learnt that holds them."""
+        return next((b for b in sorted(self.block_sizes or ()) if b > drafts), self.block_size)
 
     def window(self, i: int) -> int | None:
         """Sliding-window size of layer i (None for full attention)."""
@@ -116,11 +128,12 @@ class DFlashAttention(nn.Module):
         k = self.rope(self.k_norm(self._heads(self.k_proj(ctx), self.n_kv_heads)), offset=offset)
         return k, self._heads(self.v_proj(ctx), self.n_kv_heads)
 
-    def __call__(self, x, ctx_kv, start, window: int | None, causal: bool, ctx_mask=None):
+    def __call__(self, x, ctx_kv, start, window: int | None, causal: bool, ctx_mask=None, block_mask=None):
         """x: [n, L, H] blocks starting at `start` (int, or [n] array: many blocks, each at its own place).
         ctx_kv: context keys/values, batch 1 (shared by all blocks) or n; ctx_mask: optional
         [n, 1, 1, S] visibility of context rows per block (training: rows before each anchor; batched
-        drafting: each request's own rows).
+        drafting: each request's own rows); block_mask: optional [n, 1, 1, L] visibility of the block's
+        own rows (training shorter blocks inside longer ones: the rows a short block lacks).
         """
         n, L, _ = x.shape
         q = self.rope(self.q_norm(self._heads(self.q_proj(x), self.n_heads)), offset=start)
@@ -136,8 +149,10 @@ class DFlashAttention(nn.Module):
                 ck, cv = (mx.broadcast_to(a, (n,) + a.shape[1:]) for a in (ck, cv))
             k, v = mx.concatenate([ck, k], axis=2), mx.concatenate([cv, v], axis=2)
         mask = None
-        if causal or ctx_mask is not None:
+        if causal or ctx_mask is not None or block_mask is not None:
             block = mx.arange(L)[None] <= mx.arange(L)[:, None] if causal else mx.ones((L, L), mx.bool_)
+            if block_mask is not None:
+                block = block & block_mask
             ctx = ctx_mask if ctx_mask is not None else mx.ones((1, 1, 1, n_ctx), mx.bool_)
             rows = max(ctx.shape[0], block.shape[0] if block.ndim == 4 else 1)
             mask = mx.concatenate([mx.broadcast_to(ctx, (rows, 1, L, n_ctx)),
@@ -154,8 +169,8 @@ class DFlashLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None):
-        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, start, window, causal, ctx_mask)
+    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None, block_mask=None):
+        h = x + self.self_attn(self.input_layernorm(x), ctx_kv, start, window, causal, ctx_mask, block_mask)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -207,16 +222,16 @@ class DFlashDrafter(nn.Module):
     first_slot = 1  # the anchor's row is never a draft: skipped before the LM head (vocab-wide, the costliest part)
 
     def propose(self, state: DFlashState, anchor: int, k: int, sampling) -> Draft:
-        # The whole block the drafter was trained on, however few of its drafts are wanted: a shorter block of
-        # mask slots is outside what it learnt (drafts of 3 from 4 slots were accepted at τ 2.87, first slot
-        # 0.73; cut from the whole 8-slot block at τ 3.10, 0.82).
-        h = self.block_hidden(state, anchor, self.config.block_size)[0, self.first_slot : self.first_slot + k]
+        # A block the drafter was trained on, however few of its drafts are wanted: a shorter block of mask
+        # slots is outside what it learnt (drafts of 3 from 4 slots were accepted at τ 2.87, first slot 0.73;
+        # cut from the whole 8-slot block at τ 3.10, 0.82), unless it learnt that size too (`rows_for`).
+        h = self.block_hidden(state, anchor, self.config.rows_for(k))[0, self.first_slot : self.first_slot + k]
         return self.draft_from(h, self.slot_logits(h), anchor, k, sampling)
 
     def propose_batch(self, states: list, anchors: list[int], ks: list[int], samplings: list) -> list[Draft]:
         """Several requests' drafts from one drafter pass and one LM-head product (each block over its
         own context): what a batched verify round needs, for little more than one request's pass."""
-        h = self.blocks_hidden(states, anchors)[:, self.first_slot : self.first_slot + max(ks)]
+        h = self.blocks_hidden(states, anchors, self.config.rows_for(max(ks)))[:, self.first_slot : self.first_slot + max(ks)]
         logits = self.slot_logits(h)
         return [self.draft_from(h[i, :k], logits[i, :k], a, k, s)
                 for i, (a, k, s) in enumerate(zip(anchors, ks, samplings))]
@@ -248,10 +263,10 @@ class DFlashDrafter(nn.Module):
             h = layer(h, state.kv(i), start, cfg.window(i), cfg.causal(i))
         return self.norm(h)
 
-    def blocks_hidden(self, states: list, anchors: list[int]) -> mx.array:
-        """`block_hidden` of several requests' whole blocks in one pass, [n, block, H]: each block at its own
-        position over its own context rows (padded to the longest, masked)."""
-        cfg, width = self.config, self.config.block_size
+    def blocks_hidden(self, states: list, anchors: list[int], width: int | None = None) -> mx.array:
+        """`block_hidden` of several requests' blocks (of `width` rows; None: whole) in one pass, [n, width, H]:
+        each block at its own position over its own context rows (padded to the longest, masked)."""
+        cfg, width = self.config, width or self.config.block_size
         h = self.embed_block(mx.array([[a] + [cfg.mask_token_id] * (width - 1) for a in anchors]))
         starts = mx.array([s.offset for s in states])
         for i, layer in enumerate(self.layers):
@@ -381,6 +396,8 @@ def save_dflash(model: DFlashDrafter, out: Path, extra_config: dict | None = Non
                           "block_size": cfg.block_size},
         **(extra_config or {}),
     }
+    if cfg.block_sizes and cfg.block_sizes != [cfg.block_size]:  # (a key other DFlash loaders pass over)
+        config["dflash_config"]["block_sizes"] = list(cfg.block_sizes)
     if cfg.layer_types:  # a sliding-window drafter: its context window must survive the round trip
         config.update(layer_types=cfg.layer_types, sliding_window=cfg.sliding_window, is_causal=cfg.is_causal)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

@@ -78,10 +78,10 @@ class DFlash2Layer(DFlashLayer):
         self.attention_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
         self.mlp_conv = DynamicConv(cfg.hidden_size, cfg.conv_kernel_size, cfg.conv_group_size)
 
-    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None):
+    def __call__(self, x, ctx_kv, start, window, causal, ctx_mask=None, block_mask=None):
         n = self.input_layernorm(x)
         d = self.attention_conv.kernels(n)
-        a = self.self_attn(self.attention_conv(n, d, 0), ctx_kv, start, window, causal, ctx_mask)
+        a = self.self_attn(self.attention_conv(n, d, 0), ctx_kv, start, window, causal, ctx_mask, block_mask)
         h = x + self.attention_conv(a, d, 1)
         n = self.post_attention_layernorm(h)
         d = self.mlp_conv.kernels(n)

@@ -17,6 +17,9 @@ DRAFTER_LABELS = ("data", "target")  # see DrafterTrainConfig.labels
 class DrafterTrainConfig:
     out: Path = Path("runs/drafter")
     block_size: int = 8
+    # shorter blocks the drafter also learns to draft from (each training block draws its size from these and
+    # block_size): at run time a short draft runs only the rows it needs, and drafts as well as a short drafter
+    sub_blocks: list[int] = field(default_factory=list)
     num_layers: int = 1
     target_layer_ids: list[int] | None = None
     steps: int = 2000
@@ -40,7 +43,7 @@ class DrafterTrainConfig:
     eval_every: int = 250
     seed: int = 0
     # what a resumed run must share with the checkpoint's (the step count and learning rate may change)
-    same_run: ClassVar[tuple] = ("block_size", "num_layers", "target_layer_ids", "sequences_per_step",
+    same_run: ClassVar[tuple] = ("block_size", "sub_blocks", "num_layers", "target_layer_ids", "sequences_per_step",
                                  "anchors_per_sequence", "loss", "labels", "decay_gamma", "sliding_window", "seed")
 
 

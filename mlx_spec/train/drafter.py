@@ -82,7 +82,7 @@ def reblock(drafter: DFlashDrafter, block_size: int) -> DFlashDrafter:
     size: the block's mask rows attend to each other, so even its first slots draft worse until fine-tuned."""
     if block_size < 2:
         raise ValueError(f"a drafting block holds the anchor and at least one draft, not {block_size}")
-    return _rebuilt(drafter, replace(drafter.config, block_size=block_size), "re-block")
+    return _rebuilt(drafter, replace(drafter.config, block_size=block_size, block_sizes=None), "re-block")
 
 
 def _rebuilt(drafter: DFlashDrafter, config: DFlashConfig, change: str, strict: bool = True) -> DFlashDrafter:
@@ -122,19 +122,34 @@ def target_labels(tokens: list[int], greedy: np.ndarray, pos: mx.array, block: i
     return mx.array(labels.astype(np.int32))
 
 
-def train_logits(drafter: DFlashDrafter, hidden: mx.array, pos, ids) -> mx.array:
+def block_sizes(n: int, block: int, sub_blocks: list[int], rng) -> np.ndarray | None:
+    """[n] the size each of n blocks is trained at, drawn evenly from `block` and the sub-blocks; None
+    (every block whole, and the random stream untouched) without sub-blocks."""
+    return rng.choice(sorted({block, *sub_blocks}), size=n) if sub_blocks else None
+
+
+def cut_labels(labels: mx.array, sizes: np.ndarray | None) -> mx.array:
+    """Labels [n, B-1] with the slots past each block's own size padded (-1): a block of s rows drafts s - 1."""
+    if sizes is None:
+        return labels
+    return mx.where(mx.arange(labels.shape[1])[None] < mx.array(sizes - 1)[:, None], labels, -1)
+
+
+def train_logits(drafter: DFlashDrafter, hidden: mx.array, pos, ids, sizes: np.ndarray | None = None) -> mx.array:
     """[n, B-1, V] slot logits of n blocks at anchors `pos` over one sequence's tapped hidden states
-    [1, S, taps*H]: each block sees the context rows inference would have cached by then."""
+    [1, S, taps*H]: each block sees the context rows inference would have cached by then, and, at `sizes`
+    [n], only its first rows (what a block of that size holds; the later rows' logits are not trained)."""
     target, cfg = drafter._target, drafter.config
     ctx = drafter.hidden_norm(drafter.fc(hidden))
     rows = mx.arange(ctx.shape[1])[None, :]
+    own = None if sizes is None else (mx.arange(ids.shape[1])[None] < mx.array(sizes)[:, None])[:, None, None, :]
     h = target.embed(ids)
     for i, layer in enumerate(drafter.layers):
         visible = rows < pos[:, None]  # context before each anchor
         window = cfg.window(i)
         if window is not None:  # what inference keeps: the last window - 1 rows
             visible = visible & (rows >= pos[:, None] - (window - 1))
-        h = layer(h, layer.self_attn.context_kv(ctx, 0), pos, None, False, visible[:, None, None, :])
+        h = layer(h, layer.self_attn.context_kv(ctx, 0), pos, None, False, visible[:, None, None, :], own)
     return target.lm_head(drafter.norm(h[:, 1:])).astype(mx.float32)
 
 
@@ -145,13 +160,15 @@ def decay_gamma(cfg: DrafterTrainConfig, block_size: int) -> float:
 
 
 def sequence_loss(drafter: DFlashDrafter, hidden: mx.array, pos, ids, labels, gamma: float, loss: str = "ce",
-                  teacher: mx.array | None = None):
+                  teacher: mx.array | None = None, sizes: np.ndarray | None = None):
     """Weighted cross-entropy of one sequence's blocks; hidden [1, S, taps*H] from the frozen target.
     "kd" adds the KL divergence from the target's own next-token distribution at each slot (teacher: its
-    logits [1, S, V] over the sequence), which says how close the runners-up were, not just which won."""
+    logits [1, S, V] over the sequence), which says how close the runners-up were, not just which won.
+    sizes: [n] each block's own size (`block_sizes`; None: whole blocks)."""
     if loss not in DRAFTER_LOSSES:
         raise ValueError(f"loss must be one of {', '.join(DRAFTER_LOSSES)}, not {loss!r}")
-    logits = train_logits(drafter, hidden, pos, ids)
+    logits = train_logits(drafter, hidden, pos, ids, sizes)
+    labels = cut_labels(labels, sizes)
     B1 = labels.shape[1]
     valid = labels >= 0
     correct = (logits.argmax(-1) == labels) * valid
@@ -204,6 +221,11 @@ class DrafterTrainer:
                              f"{cfg.block_size}: reblock() it first to fine-tune it to the new size")
         self.drafter = init if init is not None else new_drafter(target, config, tokenizer, cfg)
         self.block = self.drafter.config.block_size
+        if any(not 2 <= b < self.block for b in cfg.sub_blocks):
+            raise ValueError(f"sub-blocks hold the anchor and at least one draft, and fewer rows than the block "
+                             f"({self.block}): not {cfg.sub_blocks}")
+        # what the drafter will say it drafts from: at run time a short draft runs the smallest that holds it
+        self.drafter.config = replace(self.drafter.config, block_sizes=sorted({self.block, *cfg.sub_blocks}))
         self.gamma = decay_gamma(cfg, self.block)
         target.set_taps(self.drafter.tap_ids)
         warm = optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup)
@@ -226,8 +248,8 @@ class DrafterTrainer:
     def _loss(self, model, batch):
         total, norm = mx.array(0.0), mx.array(0.0)
         hits, seen = mx.zeros(self.block - 1), mx.zeros(self.block - 1)
-        for hidden, teacher, pos, ids, labels in batch:
-            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, self.gamma, self.cfg.loss, teacher)
+        for hidden, teacher, pos, ids, labels, sizes in batch:
+            l, w, c, s = sequence_loss(model, hidden, pos, ids, labels, self.gamma, self.cfg.loss, teacher, sizes)
             total, norm, hits, seen = total + l, norm + w, hits + c, seen + s
         return total / mx.maximum(norm, 1.0), (hits, seen)
 
@@ -245,7 +267,8 @@ class DrafterTrainer:
             pos, ids, labels = block_batch(r["tokens"], r["prompt_len"], cfg.anchors_per_sequence, self.block, mask, rng)
             if cfg.labels == "target":
                 labels = target_labels(r["tokens"], np.array(logits[0].argmax(-1)), pos, self.block)
-            batch.append((mx.stop_gradient(hidden), teacher, pos, ids, labels))
+            sizes = block_sizes(len(pos), self.block, cfg.sub_blocks, rng)
+            batch.append((mx.stop_gradient(hidden), teacher, pos, ids, labels, sizes))
         (loss, (hits, seen)), grads = self.grad_fn(self.drafter, batch)
         grads, _ = optim.clip_grad_norm(grads, 1.0)
         self.optimizer.update(self.drafter, grads)
