@@ -86,7 +86,8 @@ def run(args) -> int:
     if sub_blocks is None:  # a drafter fine-tuned at its own block keeps the sub-blocks it learnt
         sub_blocks = [b for b in (init.config.block_sizes or ()) if b != block] if init is not None else []
     if any(not 2 <= b < block for b in sub_blocks):
-        raise MlxSpecError(f"--sub-blocks must be shorter than the block ({block}) and at least 2, got {args.sub_blocks}")
+        raise MlxSpecError(f"--sub-blocks must be shorter than the block ({block}) and at least 2, "
+                           f"got {args.sub_blocks}")
     prompts = read_prompts(args.prompts or builtin_prompts())
     held_out = set(range(0, len(prompts), max(1, len(prompts) // max(1, args.eval_prompts)))) if args.eval_prompts else set()
     args.out.mkdir(parents=True, exist_ok=True)

@@ -67,7 +67,8 @@ class DFlashConfig:
             taps = [n_target // 2] if n == 1 else [round(1 + i * (n_target - 4) / (n - 1)) for i in range(n)]
         block = d.get("block_size") or cfg.get("block_size") or 16
         sizes = d.get("block_sizes")
-        if sizes is not None and not (isinstance(sizes, list) and all(type(b) is int and 2 <= b <= block for b in sizes)):
+        fits = isinstance(sizes, list) and all(type(b) is int and 2 <= b <= block for b in sizes)
+        if sizes is not None and not fits:
             raise LoadError(f"drafter config's block_sizes must list block sizes from 2 to its block_size ({block}), "
                             f"got {sizes!r}")
         return cls(
@@ -231,7 +232,8 @@ class DFlashDrafter(nn.Module):
     def propose_batch(self, states: list, anchors: list[int], ks: list[int], samplings: list) -> list[Draft]:
         """Several requests' drafts from one drafter pass and one LM-head product (each block over its
         own context): what a batched verify round needs, for little more than one request's pass."""
-        h = self.blocks_hidden(states, anchors, self.config.rows_for(max(ks)))[:, self.first_slot : self.first_slot + max(ks)]
+        top = max(ks)
+        h = self.blocks_hidden(states, anchors, self.config.rows_for(top))[:, self.first_slot : self.first_slot + top]
         logits = self.slot_logits(h)
         return [self.draft_from(h[i, :k], logits[i, :k], a, k, s)
                 for i, (a, k, s) in enumerate(zip(anchors, ks, samplings))]
