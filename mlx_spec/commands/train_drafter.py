@@ -85,9 +85,17 @@ def run(args) -> int:
     block = init.config.block_size if init is not None else args.block_size or DrafterTrainConfig.block_size
     if sub_blocks is None:  # a drafter fine-tuned at its own block keeps the sub-blocks it learnt
         sub_blocks = [b for b in (init.config.block_sizes or ()) if b != block] if init is not None else []
-    if any(not 2 <= b < block for b in sub_blocks):
-        raise MlxSpecError(f"--sub-blocks must be shorter than the block ({block}) and at least 2, "
-                           f"got {args.sub_blocks}")
+    layers = init.config.num_hidden_layers if init is not None else args.layers or DrafterTrainConfig.num_layers
+    taps = [int(x) for x in args.taps.split(",")] if args.taps else None
+    try:  # (settings that cannot train are refused before any answers are generated)
+        cfg = DrafterTrainConfig(
+            out=args.out, block_size=block, num_layers=layers, target_layer_ids=taps, steps=args.steps, lr=args.lr,
+            sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
+            eval_every=args.eval_every, seed=args.seed, loss=args.loss, decay_gamma=args.decay_gamma,
+            labels=args.labels, sliding_window=args.sliding_window, sub_blocks=sub_blocks,
+        )
+    except ValueError as e:  # the sub-blocks
+        raise MlxSpecError(f"--sub-blocks: {e}") from None
     prompts = read_prompts(args.prompts or builtin_prompts())
     held_out = set(range(0, len(prompts), max(1, len(prompts) // max(1, args.eval_prompts)))) if args.eval_prompts else set()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -103,14 +111,6 @@ def run(args) -> int:
         pair = Loaded(model.target, drafter, model.target_path, None, model.config, relaid=model.relaid)
         return round(measure(pair, tok, evals, max_tokens=64)["all"].tau, 3)
 
-    layers = init.config.num_hidden_layers if init is not None else args.layers or DrafterTrainConfig.num_layers
-    cfg = DrafterTrainConfig(
-        out=args.out, block_size=block, num_layers=layers,
-        target_layer_ids=[int(x) for x in args.taps.split(",")] if args.taps else None, steps=args.steps,
-        lr=args.lr, sequences_per_step=args.sequences_per_step, anchors_per_sequence=args.anchors,
-        eval_every=args.eval_every, seed=args.seed, loss=args.loss, decay_gamma=args.decay_gamma, labels=args.labels,
-        sliding_window=args.sliding_window, sub_blocks=sub_blocks,
-    )
     path = train_drafter(model.target, model.config, tok, train, cfg, evaluate=evaluate if evals else None,
                          init=init, until=args.until,
                          provenance={"init_drafter": str(args.init_drafter) if args.init_drafter else None,

@@ -46,6 +46,16 @@ class DrafterTrainConfig:
     same_run: ClassVar[tuple] = ("block_size", "sub_blocks", "num_layers", "target_layer_ids", "sequences_per_step",
                                  "anchors_per_sequence", "loss", "labels", "decay_gamma", "sliding_window", "seed")
 
+    def __post_init__(self):
+        if any(not 2 <= b < self.block_size for b in self.sub_blocks):
+            raise ValueError(f"sub-blocks must be shorter than the block ({self.block_size}) and at least 2 (the "
+                             f"anchor and one draft), got {self.sub_blocks}")
+
+    @property
+    def block_sizes(self) -> list[int]:
+        """Every block size it trains at: the sub-blocks and the block."""
+        return sorted({self.block_size, *self.sub_blocks})
+
 
 @dataclass
 class UnlikelihoodConfig:

@@ -122,10 +122,10 @@ def target_labels(tokens: list[int], greedy: np.ndarray, pos: mx.array, block: i
     return mx.array(labels.astype(np.int32))
 
 
-def block_sizes(n: int, block: int, sub_blocks: list[int], rng) -> np.ndarray | None:
-    """[n] the size each of n blocks is trained at, drawn evenly from `block` and the sub-blocks; None
-    (every block whole, and the random stream untouched) without sub-blocks."""
-    return rng.choice(sorted({block, *sub_blocks}), size=n) if sub_blocks else None
+def block_sizes(n: int, sizes: list[int], rng) -> np.ndarray | None:
+    """[n] the size each of n blocks is trained at, drawn evenly from `sizes`; None (every block whole, and
+    the random stream untouched) where there is one size."""
+    return rng.choice(sizes, size=n) if len(sizes) > 1 else None
 
 
 def cut_labels(labels: mx.array, sizes: np.ndarray | None) -> mx.array:
@@ -221,11 +221,8 @@ class DrafterTrainer:
                              f"{cfg.block_size}: reblock() it first to fine-tune it to the new size")
         self.drafter = init if init is not None else new_drafter(target, config, tokenizer, cfg)
         self.block = self.drafter.config.block_size
-        if any(not 2 <= b < self.block for b in cfg.sub_blocks):
-            raise ValueError(f"sub-blocks hold the anchor and at least one draft, and fewer rows than the block "
-                             f"({self.block}): not {cfg.sub_blocks}")
         # what the drafter will say it drafts from: at run time a short draft runs the smallest that holds it
-        self.drafter.config = replace(self.drafter.config, block_sizes=sorted({self.block, *cfg.sub_blocks}))
+        self.drafter.config = replace(self.drafter.config, block_sizes=cfg.block_sizes)
         self.gamma = decay_gamma(cfg, self.block)
         target.set_taps(self.drafter.tap_ids)
         warm = optim.linear_schedule(cfg.lr * 0.01, cfg.lr, cfg.warmup)
@@ -267,7 +264,7 @@ class DrafterTrainer:
             pos, ids, labels = block_batch(r["tokens"], r["prompt_len"], cfg.anchors_per_sequence, self.block, mask, rng)
             if cfg.labels == "target":
                 labels = target_labels(r["tokens"], np.array(logits[0].argmax(-1)), pos, self.block)
-            sizes = block_sizes(len(pos), self.block, cfg.sub_blocks, rng)
+            sizes = block_sizes(len(pos), cfg.block_sizes, rng)
             batch.append((mx.stop_gradient(hidden), teacher, pos, ids, labels, sizes))
         (loss, (hits, seen)), grads = self.grad_fn(self.drafter, batch)
         grads, _ = optim.clip_grad_norm(grads, 1.0)
