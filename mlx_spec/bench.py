@@ -107,6 +107,13 @@ def long_chat_prompt(tokenizer, n_tokens: int, ask: str) -> list[dict]:
     return turns + request
 
 
+def prompt_kind(prompt) -> str:
+    """The kind a user's request of this bench prompt is (`generate` and the server tell the controller):
+    {"raw": text} a raw completion, else a chat. Sent as ids with no kind, every request started from the
+    estimates of the last ones of any kind (chats from raw continuations'), as no user's request does."""
+    return "raw" if isinstance(prompt, dict) else "chat"
+
+
 def encode(tokenizer, prompt) -> list[int]:
     """A bench prompt: a string is one chat request, {"raw": text} a raw completion, a list chat messages."""
     from .generate import encode_prompt
@@ -154,12 +161,13 @@ def run_plain(model, tokenizer, ids: list[int], max_tokens: int, **mlx_lm_kwargs
     return _sample(tokens, start, first, end, cpu)
 
 
-def run_spec(model, tokenizer, ids: list[int], max_tokens: int, block_size: int | None) -> Sample:
+def run_spec(model, tokenizer, ids: list[int], max_tokens: int, block_size: int | None,
+             kind: str | None = None) -> Sample:
     from .generate import stream_generate
 
     mx.reset_peak_memory()
     tokens, start, first, cpu = [], time.perf_counter(), None, None
-    for r in stream_generate(model, tokenizer, ids, max_tokens, block_size=block_size):
+    for r in stream_generate(model, tokenizer, ids, max_tokens, block_size=block_size, kind=kind):
         first, cpu = first or time.perf_counter(), cpu or time.process_time()
         tokens += r.tokens
     s = _sample(tokens, start, first, time.perf_counter(), cpu)
@@ -230,10 +238,10 @@ def bench_sizes(model, tokenizer, kind: str, prompts: list, max_tokens: int, blo
     divergences = {b: [] for b in block_sizes}
     turn = 0
     for prompt in prompts:
-        ids = encode(tokenizer, prompt)
+        ids, as_kind = encode(tokenizer, prompt), prompt_kind(prompt)
         run_plain(model, tokenizer, ids, 4, **kw)  # warm-up both paths
         for b in block_sizes:
-            run_spec(model, tokenizer, ids, 4, b)
+            run_spec(model, tokenizer, ids, 4, b, as_kind)
         for _ in range(repeats):
             order = [None, *range(len(block_sizes))]
             order = order[turn % len(order):] + order[: turn % len(order)]
@@ -242,7 +250,7 @@ def bench_sizes(model, tokenizer, kind: str, prompts: list, max_tokens: int, blo
                 if i is None:
                     a = run_plain(model, tokenizer, ids, max_tokens, **kw)
                 else:
-                    spec[block_sizes[i]].append(run_spec(model, tokenizer, ids, max_tokens, block_sizes[i]))
+                    spec[block_sizes[i]].append(run_spec(model, tokenizer, ids, max_tokens, block_sizes[i], as_kind))
             plain.append(a)
             for b in block_sizes:
                 d = first_divergence(a.tokens, spec[b][-1].tokens)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 import time
 
-from .bench import Sample, first_divergence, run_spec
+from .bench import Sample, encode, first_divergence, prompt_kind, run_spec
 from .errors import MlxSpecError
 
 
@@ -53,16 +53,13 @@ def compare(model, tok, sets: dict[str, list], caps: list[int], max_tokens: int,
     taking turns, `repeats` pairs a prompt: the ratios are of these pairs. (Compared in the sweep, its best cap
     ran right after its own runs of the same weights, in a warm CPU cache, and mlx-spec's after a switch from
     the other copy of the weights: code came out 0.88x where pairs in turns give ~1.0x.)"""
-    from .generate import encode_prompt
-
     peer = load_peer(model)
     out = []
     for kind, prompts in sets.items():
-        encoded = [encode_prompt(tok, p["raw"] if isinstance(p, dict) else
-                                 [{"role": "user", "content": p}] if isinstance(p, str) else p) for p in prompts]
+        encoded = [(encode(tok, p), prompt_kind(p)) for p in prompts]
         theirs = {c: [] for c in caps}
-        for ids in encoded:
-            run_spec(model, tok, ids, 4, None)
+        for ids, as_kind in encoded:
+            run_spec(model, tok, ids, 4, None, as_kind)
             for c in caps:
                 run_peer(peer, ids, 4, c)
             for _ in range(repeats):
@@ -71,9 +68,9 @@ def compare(model, tok, sets: dict[str, list], caps: list[int], max_tokens: int,
         med = {c: statistics.median(s.decode_tps for s in theirs[c]) for c in caps}
         best = max(caps, key=lambda c: med[c])
         pairs, diverged = [], 0
-        for ids in encoded:
+        for ids, as_kind in encoded:
             for _ in range(repeats):
-                a, b = run_spec(model, tok, ids, max_tokens, None), run_peer(peer, ids, max_tokens, best)
+                a, b = run_spec(model, tok, ids, max_tokens, None, as_kind), run_peer(peer, ids, max_tokens, best)
                 pairs.append((a, b))
                 n = min(len(a.tokens), len(b.tokens))
                 diverged += first_divergence(a.tokens[:n], b.tokens[:n]) is not None

@@ -14,12 +14,12 @@ from __future__ import annotations
 import statistics
 from typing import NamedTuple
 
-from .bench import encode
+from .bench import encode, prompt_kind
 
 
 def kind_of(prompts: list) -> str:
     """The kind whose estimates the server's controller would start these requests from."""
-    return "raw" if all(isinstance(p, dict) for p in prompts) else "chat"
+    return "raw" if all(prompt_kind(p) == "raw" for p in prompts) else "chat"
 
 
 def modeled_rate(model, tokenizer, ids: list[int], max_tokens: int, lengths, curve) -> tuple[int, float]:
@@ -41,7 +41,7 @@ def compare(model, tokenizer, sets: dict, curve, max_tokens: int, config=None) -
     request with the same prompt, as a server's or a chat's next request starts from its predecessor's
     estimates), and auto over the best fixed block (per prompt; the kind's median). "auto_shared": auto
     in the timed bench's order instead, one controller memory across every kind and prompt, each prompt a
-    warm-up and two repeats sent as token ids (no kind): where earlier kinds' estimates mislead later ones."""
+    warm-up and two repeats of its kind (`bench.prompt_kind`): where earlier prompts' estimates mislead later ones."""
     from .controller import AdaptiveLength, ControllerConfig, ControllerMemory
     from .engine.loop import FixedLength
 
@@ -59,7 +59,8 @@ def compare(model, tokenizer, sets: dict, curve, max_tokens: int, config=None) -
                 lengths = AdaptiveLength(curve, top, config, memory=memory, clock=None, kind=kind_of([prompt]))
                 auto = modeled_rate(model, tokenizer, ids, max_tokens, lengths, curve)
             in_order = [modeled_rate(model, tokenizer, ids, max_tokens,
-                                     AdaptiveLength(curve, top, config, memory=shared, clock=None), curve)
+                                     AdaptiveLength(curve, top, config, memory=shared, clock=None,
+                                                    kind=prompt_kind(prompt)), curve)
                         for _ in range(3)][1:]
             rates = [n / s for n, s in fixed]
             best = max(range(top + 1), key=lambda k: rates[k])

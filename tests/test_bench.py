@@ -50,7 +50,7 @@ def test_block_sizes_run_side_by_side(target_dir, drafter_dir, monkeypatch):
         return run
 
     monkeypatch.setattr(bench, "run_plain", fake("plain"))
-    monkeypatch.setattr(bench, "run_spec", lambda m, t, ids, n, b: fake(b or "auto")(m, t, ids, n))
+    monkeypatch.setattr(bench, "run_spec", lambda m, t, ids, n, b, kind: fake(b or "auto")(m, t, ids, n))
     rows = bench.bench_sizes(model, tok, "code", ["def add(a, b):"], 12, [None, 4], repeats=3)
     assert calls == ["plain", "auto", 4, "auto", 4, "plain", 4, "plain", "auto"]
     assert [r.block for r in rows] == ["auto", "4"] and all(len(r.pair_tps) == 3 for r in rows)
@@ -134,3 +134,21 @@ def test_vs_dspark_needs_mlx_dspark(target_dir, drafter_dir):
             load_peer(model)
         return
     pytest.skip("mlx-dspark is importable here: the side-by-side runs in the benchmark, not as a unit test")
+
+
+def test_each_request_goes_to_the_controller_as_its_kind(target_dir, drafter_dir, monkeypatch):
+    """Raw continuations and chats accept so differently that the controller remembers each kind apart; the
+    bench sends ids, so it names the kind a user's request of each prompt would have."""
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    bench.run_spec(model, tok, bench.encode(tok, {"raw": "def add(a, b):"}), 12, None, "raw")
+    assert set(model.memory.by_kind) == {"raw"}
+    kinds = []
+
+    def spec(m, t, ids, n, b, kind):
+        kinds.append(kind)
+        return bench.Sample([1, 2, 3], 0.0, 1.0, 1.0, 0.0, 2.0, [0.5], 1.0, 1.0)
+    monkeypatch.setattr(bench, "run_plain", lambda *a, **kw: bench.Sample([1, 2, 3], 0.0, 1.0, 1.0, 0.0))
+    monkeypatch.setattr(bench, "run_spec", spec)
+    prompts = [{"raw": "def f("}, "Write a function.", [{"role": "user", "content": "Hi"}]]
+    bench.bench_sizes(model, tok, "mixed", prompts, 12, [None], repeats=1)
+    assert kinds == ["raw", "raw", "chat", "chat", "chat", "chat"]  # (each prompt's warm-up, then its repeat)

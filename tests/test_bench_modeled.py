@@ -45,7 +45,8 @@ def test_auto_stays_plain_where_drafting_cannot_pay(pair):
 
 def test_in_the_bench_order_every_kind_shares_one_memory(pair):
     """auto in the bench's order: one controller memory across kinds and prompts, each prompt a warm-up and
-    two counted repeats, sent as token ids; the per-prompt auto keeps a memory of its own."""
+    two counted repeats, each of its kind (as the timed bench sends them); the per-prompt auto keeps a memory
+    of its own."""
     from mlx_spec.controller import AdaptiveLength, ControllerMemory
 
     model, tok = pair
@@ -58,8 +59,8 @@ def test_in_the_bench_order_every_kind_shares_one_memory(pair):
     ids, memory = encode(tok, prompt), ControllerMemory()
 
     def in_order():
-        runs = [modeled_rate(model, tok, ids, 24, AdaptiveLength(flat, b - 1, memory=memory, clock=None), flat)
-                for _ in range(3)][1:]
+        runs = [modeled_rate(model, tok, ids, 24, AdaptiveLength(flat, b - 1, memory=memory, clock=None, kind="chat"),
+                             flat) for _ in range(3)][1:]
         return sum(n for n, _ in runs) / sum(s for _, s in runs)
     assert first["auto_shared_tps"] == pytest.approx(in_order())
     assert second["auto_shared_tps"] == pytest.approx(in_order())  # after the first kind's three requests
