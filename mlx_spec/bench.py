@@ -107,20 +107,27 @@ def long_chat_prompt(tokenizer, n_tokens: int, ask: str) -> list[dict]:
     return turns + request
 
 
-def prompt_kind(prompt) -> str:
-    """The kind a user's request of this bench prompt is (`generate` and the server tell the controller):
-    {"raw": text} a raw completion, else a chat. Sent as ids with no kind, every request started from the
-    estimates of the last ones of any kind (chats from raw continuations'), as no user's request does."""
-    return "raw" if isinstance(prompt, dict) else "chat"
+def as_request(prompt):
+    """A bench prompt as a user's request sends it: a string is one chat request, {"raw": text} raw text,
+    a list chat messages."""
+    if isinstance(prompt, dict):
+        return prompt["raw"]
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+
+
+def prompt_kind(prompt) -> str | None:
+    """The kind `generate` gives a user's request of this bench prompt ("raw" or "chat"), which the bench,
+    sending ids, names itself: with no kind, every request started from the estimates of the last ones of
+    any kind (chats from raw continuations'), as no user's request does."""
+    from .generate import prompt_kind as kind_of_request
+
+    return kind_of_request(as_request(prompt))
 
 
 def encode(tokenizer, prompt) -> list[int]:
-    """A bench prompt: a string is one chat request, {"raw": text} a raw completion, a list chat messages."""
     from .generate import encode_prompt
 
-    if isinstance(prompt, dict):
-        return encode_prompt(tokenizer, prompt["raw"])
-    return encode_prompt(tokenizer, [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt)
+    return encode_prompt(tokenizer, as_request(prompt))
 
 
 @dataclass

@@ -56,7 +56,7 @@ def compare(model, tokenizer, sets: dict, curve, max_tokens: int, config=None) -
                 continue
             memory = ControllerMemory()
             for _ in range(2):
-                lengths = AdaptiveLength(curve, top, config, memory=memory, clock=None, kind=kind_of([prompt]))
+                lengths = AdaptiveLength(curve, top, config, memory=memory, clock=None, kind=prompt_kind(prompt))
                 auto = modeled_rate(model, tokenizer, ids, max_tokens, lengths, curve)
             in_order = [modeled_rate(model, tokenizer, ids, max_tokens,
                                      AdaptiveLength(curve, top, config, memory=shared, clock=None,

@@ -128,6 +128,20 @@ def test_settings_and_bad_values(pair):
     assert "/draft [on|off]" in chat.stdout and "max_tokens  longest reply" in chat.stdout
 
 
+def test_model_names_the_short_blocks_a_drafter_learnt(pair, monkeypatch):
+    """A drafter trained with --sub-blocks lists them in its config, in whatever order it was written."""
+    from dataclasses import replace
+
+    from mlx_spec.drafters import model_drafter
+
+    inner = model_drafter(pair[0].drafter)
+    monkeypatch.setattr(inner, "config", replace(inner.config, block_sizes=[8, 4, 2]))
+    assert "block size 8 (short drafts from 2, 4)" in run_chat(pair, ["/model"]).stdout
+    monkeypatch.setattr(inner, "config", replace(inner.config, block_sizes=None))
+    out = run_chat(pair, ["/model"]).stdout
+    assert "block size 8" in out and "short drafts" not in out
+
+
 def test_context_overflow_is_a_hint(pair):
     chat = run_chat(pair, ["word " * 600, "/stats"])
     assert "does not fit the context window" in chat.stderr and "/clear" in chat.stderr

@@ -167,7 +167,8 @@ def model(chat):
         chat.out.say(f"drafter  {kind}" + (f", {s.model.drafter_path}" if s.model.drafter_path else ""))
         taps = f", reads target layers {list(s.drafter.tap_ids)}" if s.drafter.tap_ids else ""
         sizes = getattr(getattr(inner, "config", None), "block_sizes", None) or []
-        short = f" (short drafts from {', '.join(map(str, sizes[:-1]))})" if len(sizes) > 1 else ""
+        sizes = sorted(b for b in sizes if b < s.drafter.block_size)  # (a config may list them in any order)
+        short = f" (short drafts from {', '.join(map(str, sizes))})" if sizes else ""
         chat.out.say(f"         block size {s.drafter.block_size}{short}{taps}")
     mode = f"speculative, {s.block_label(chat.settings)}" if s.speculative else "plain"
     chat.out.say(f"decoding {mode}")
