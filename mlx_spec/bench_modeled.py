@@ -56,11 +56,12 @@ def compare(model, tokenizer, sets: dict, curve, max_tokens: int, config=None) -
                 continue
             memory = ControllerMemory()
             for _ in range(2):
-                lengths = AdaptiveLength(curve, top, config, memory=memory, clock=None, kind=prompt_kind(prompt))
+                lengths = AdaptiveLength(curve, top, config, memory=memory, clock=None, kind=prompt_kind(prompt),
+                                         prompt_tokens=len(ids))
                 auto = modeled_rate(model, tokenizer, ids, max_tokens, lengths, curve)
             in_order = [modeled_rate(model, tokenizer, ids, max_tokens,
                                      AdaptiveLength(curve, top, config, memory=shared, clock=None,
-                                                    kind=prompt_kind(prompt)), curve)
+                                                    kind=prompt_kind(prompt), prompt_tokens=len(ids)), curve)
                         for _ in range(3)][1:]
             rates = [n / s for n, s in fixed]
             best = max(range(top + 1), key=lambda k: rates[k])

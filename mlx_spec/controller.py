@@ -59,6 +59,9 @@ class ControllerConfig:
     # once some position has this many trials (decayed), a position leans lifted only on one that has them too:
     # a guess lifted on a guess compounded, and a 16-row drafter's unreached positions past 10 read 0.85-0.94
     evidence: float = 2.0
+    # prompts this long remember their estimates apart from short ones of their kind: the drafter accepts less
+    # deep into a long context, and 792-token chats after short ones drafted 8 deep where 5 paid
+    long_prompt: int = 512
 
 
 @dataclass
@@ -69,7 +72,12 @@ class ControllerMemory:
     # the same per kind of request ("chat", "raw"): chat answers and raw continuations accept so differently
     # that code requests after raw ones, starting from raw's estimates, stayed plain until probes lifted them
     by_kind: dict[str, list[float]] = field(default_factory=dict)
-    # the latest estimates of each of the last few requests (by kind; None: every kind), whose mean those are:
+    # the same for drafts from sources other than the model drafter (prompt lookup's), by source, then kind: on
+    # raw text lookup's long accepted runs, handed on as the model's, had the next request's model drafting
+    # 15 a round where it had 2 accepted
+    by_source: dict[str, dict[str | None, list[float]]] = field(default_factory=dict)
+    # the latest estimates of each of the last few requests (by source and kind; kind None: every kind), whose
+    # mean those are:
     # at 8 rows of raw completions, the last request's alone was often one row's lucky run (7 of 7 accepted),
     # and 8 new rows starting from it drafted 7 tokens each for 12 tokens, 3 plain rounds' cost
     recent: dict = field(default_factory=dict)
@@ -93,17 +101,27 @@ class ControllerMemory:
         self.enrolled += 1
         return self.enrolled
 
-    def record(self, kind: str | None, request: int, alphas: list[float], remember: int) -> None:
-        """A request's (`request`: its `enroll` number) latest estimates: the mean of the last `remember`
-        requests' becomes the memory's."""
+    def start(self, kind: str | None, source: str | None = None) -> list[float] | None:
+        """The estimates a request of this kind starts from for drafts of this source (None: the model's)."""
+        if source is None:
+            return self.by_kind.get(kind, self.alphas)
+        known = self.by_source.get(source, {})
+        return known.get(kind, known.get(None))
+
+    def record(self, kind: str | None, request: int, alphas: list[float], remember: int,
+               source: str | None = None) -> None:
+        """A request's (`request`: its `enroll` number) latest estimates for drafts of `source`: the mean of the
+        last `remember` requests' becomes the memory's."""
         for key in {kind, None}:
-            recent = self.recent.setdefault(key, {})
+            recent = self.recent.setdefault((source, key), {})
             recent.pop(request, None)
             recent[request] = alphas  # (the dict keeps the order requests last spoke in)
             while len(recent) > remember:
                 recent.pop(next(iter(recent)))
             mean = [sum(a[i] for a in recent.values()) / len(recent) for i in range(min(map(len, recent.values())))]
-            if key is None:
+            if source is not None:
+                self.by_source.setdefault(source, {})[key] = mean
+            elif key is None:
                 self.alphas = mean
             else:
                 self.by_kind[key] = mean
@@ -135,18 +153,16 @@ class AdaptiveLength:
 
     def __init__(self, curve: CostCurve, max_k: int, config: ControllerConfig = ControllerConfig(),
                  memory: ControllerMemory | None = None, clock: Callable[[], float] | None = time.perf_counter,
-                 kind: str | None = None):
+                 kind: str | None = None, prompt_tokens: int = 0):
         self.curve, self.max_k, self.cfg = curve, min(max_k, curve.max_drafts), config
-        self.memory, self.clock, self.kind = memory, clock, kind
+        long = kind is not None and prompt_tokens >= config.long_prompt
+        self.memory, self.clock, self.kind = memory, clock, f"{kind}, long" if long else kind
         self.number = memory.enroll() if memory is not None else 0
-        start = None if memory is None else memory.by_kind.get(kind, memory.alphas)
+        start = None if memory is None else memory.start(self.kind)
         # estimates a request of its own kind left: tested already, so no probes of its own (`fresh`)
-        self.tested = memory is not None and kind is not None and kind in memory.by_kind
-        self.hits, self.trials = [0.0] * self.max_k, [0.0] * self.max_k
+        self.tested = memory is not None and self.kind is not None and self.kind in memory.by_kind
         self.source, self._sources = None, {}  # the source whose estimates these are; the others' (`_use`)
-        if start:  # start from recent requests' estimates (of this kind), lightly held
-            for i, a in enumerate(start[: self.max_k]):
-                self.hits[i], self.trials[i] = a * config.weight, config.weight
+        self.hits, self.trials = self._started(start)  # from recent requests' estimates (of this kind)
         self.cost_scale = list(memory.cost_scale) if memory is not None else [1.0, 1.0]
         self.can_pay = best_length(curve, [config.hopeful] * self.max_k, self.max_k, config.margin) > 0
         self.interval, self.rounds_off = config.probe_every, 0
@@ -247,10 +263,8 @@ class AdaptiveLength:
         for i in range(judged):
             self.trials[i] += 1
             self.hits[i] += i < accepted
-        if self.memory is not None:
-            # whichever source drafted: the next request starts from it (the model's misses alone on raw text,
-            # where lookup drafted the rest, left the requests after it plain: three probes could not lift them)
-            self.memory.record(self.kind, self.number, self.estimates(), self.cfg.remember)
+        if self.memory is not None:  # the next request's rounds of this source start from it
+            self.memory.record(self.kind, self.number, self.estimates(), self.cfg.remember, self.source)
 
     def expect(self, source: str | None) -> None:
         """The next round will likely draft from `source` (the drafter's guess, engine/cache.py
@@ -265,8 +279,18 @@ class AdaptiveLength:
         if source == self.source:
             return
         self._sources[self.source] = (self.hits, self.trials)
-        self.hits, self.trials = self._sources.pop(source, ([0.0] * self.max_k, [0.0] * self.max_k))
+        if source in self._sources:
+            self.hits, self.trials = self._sources.pop(source)
+        else:  # this request's first round of it: recent requests' estimates of that source (of this kind)
+            remembered = None if self.memory is None else self.memory.start(self.kind, source)
+            self.hits, self.trials = self._started(remembered)
         self.source, self._choice = source, None
+
+    def _started(self, start: list[float] | None) -> tuple[list[float], list[float]]:
+        """(hits, trials) holding `start`'s estimates lightly (`weight` trials each); none: no evidence."""
+        start = (start or [])[: self.max_k]
+        pad = [0.0] * (self.max_k - len(start))
+        return [a * self.cfg.weight for a in start] + pad, [self.cfg.weight] * len(start) + pad
 
     def _time_round(self, k: int) -> None:
         if self.clock is None:  # costs as calibrated: the lengths depend on acceptance alone

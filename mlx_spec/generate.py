@@ -146,7 +146,7 @@ def make_generation(model: Loaded, tokenizer, prompt, max_tokens: int = 256, *,
     pc = prompt_cache if prompt_cache is not None else make_prompt_cache(model, speculative)
     if draft_lengths is None:
         kind = kind or prompt_kind(prompt)
-        draft_lengths = choose_lengths(model, block_size, adaptive, kind) if speculative else FixedLength(0)
+        draft_lengths = choose_lengths(model, block_size, adaptive, kind, len(ids)) if speculative else FixedLength(0)
     return Generation(model, tokenizer, ids, max_tokens, Sampler(sampling, vocab_size=model.vocab_size), stop or [], pc,
                       draft_lengths)
 
@@ -177,9 +177,10 @@ def check_block_size(model: Loaded, block_size: int | None) -> None:
         raise MlxSpecError(f"block size must be an integer {what}, got {block_size!r}")
 
 
-def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool, kind: str | None = None):
+def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool, kind: str | None = None,
+                   prompt_tokens: int = 0):
     """Fixed draft lengths, or the adaptive controller (starting from the estimates of recent requests
-    of this kind). Any lengths keep output exact, seeded sampled output included (its tokens do not
+    of this kind and length). Any lengths keep output exact, seeded sampled output included (its tokens do not
     depend on the draft lengths: see `engine/sampling.py`)."""
     drafter = model.drafter
     if drafter is None:
@@ -190,7 +191,8 @@ def choose_lengths(model: Loaded, block_size: int | None, adaptive: bool, kind: 
     from .controller import AdaptiveLength
 
     curve = calibrated_curve(model, drafter.block_size)
-    return AdaptiveLength(curve, drafter.block_size - 1, memory=model.memory, kind=kind)
+    return AdaptiveLength(curve, drafter.block_size - 1, memory=model.memory, kind=kind,
+                          prompt_tokens=prompt_tokens)
 
 
 class Generation:

@@ -260,6 +260,27 @@ def test_each_kind_of_request_starts_from_its_own_kinds_estimates():
     assert chat.next() > raw.next()
 
 
+def test_long_prompts_remember_their_estimates_apart_from_short_ones_of_their_kind():
+    """Deep into a long context the drafter accepts less: 792-token chats after short chat requests, starting
+    from the short ones' estimates, drafted 8 deep where 5 paid. They keep estimates of their own."""
+    mild = CostCurve(verify=[1.0, 1.15, 1.3, 1.45, 1.6, 1.75, 1.9, 2.05, 2.2], draft=[0.05] * 8)
+    memory = ControllerMemory()
+
+    def run(prompt_tokens, accept):
+        c = AdaptiveLength(mild, max_k=8, memory=memory, clock=None, kind="chat", prompt_tokens=prompt_tokens)
+        for _ in range(50):
+            c.update(8, accept)
+        return c
+    assert run(800, 2).kind == "chat, long" and run(100, 8).kind == "chat"
+    assert memory.by_kind["chat"][2] > 0.9 > 0.2 > memory.by_kind["chat, long"][2]
+    short, long = (AdaptiveLength(mild, max_k=8, memory=memory, clock=None, kind="chat", prompt_tokens=n)
+                   for n in (ControllerConfig().long_prompt - 1, ControllerConfig().long_prompt))
+    assert short.estimates()[2] > 0.9 > 0.6 > long.estimates()[2]
+    assert short.next() > long.next()
+    fresh = AdaptiveLength(mild, max_k=8, memory=ControllerMemory(), kind="raw", prompt_tokens=900)
+    assert fresh.kind == "raw, long" and not fresh.tested  # nothing known of its kind: it probes its own
+
+
 def test_the_next_request_starts_from_recent_requests_not_one_lucky_one():
     """Eight raw rows decode together; the drafter follows one of them (repetitive text) and none of the
     others. A new row must start from the mean of the rows' estimates, not from whichever row spoke last:

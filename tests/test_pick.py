@@ -64,6 +64,22 @@ def test_the_model_keeps_drafting_where_it_is_better():
     assert state.records["lookup"].n > 0 and state.records["lookup"].mean < state.records["model"].mean == 7
 
 
+def test_lookup_is_judged_on_plain_rounds_too():
+    """After the model's misses the controller runs plain: lookup, judged only in rounds that drafted, could
+    never lead there, and raw continuations it would have copied ran plain. Plain rounds' tokens judge it too
+    (as long as the last round's drafts), so it leads once the text repeats."""
+    truth = repeating(120)
+    drafter = PickDrafter(factory.OracleDrafter(truth, block_size=8, error_rate=1.0, vocab=40))
+    state = drafter.make_state()
+    drafter.observe(state, None, truth[:125])
+    assert drafter.propose(state, truth[125], 3, GREEDY).source != "lookup"  # the model drafts first: misses
+    for at in range(125, 145):  # then plain rounds, one committed token each
+        drafter.observe(state, None, truth[at : at + 1])
+        drafter.next_source(state)
+    assert state.records["lookup"].n >= 4 and state.records["lookup"].mean >= 3 > state.records["model"].mean
+    assert drafter.next_source(state) == "lookup"
+
+
 def test_a_candidate_is_judged_on_the_tokens_after_the_round_that_ended_it():
     """The model's round accepts nothing, so it commits two tokens; lookup's candidate (all of which is
     right) must be judged over the rounds that follow, not capped at what that round committed."""
@@ -180,15 +196,24 @@ def test_lookup_is_expected_before_the_anchor_is_read(target_dir, drafter_dir):
     assert state.lookup.tokens == ids + [unseen] and state.model.offset == len(ids) + 1
 
 
-def test_the_next_request_starts_from_the_source_that_drafted_last():
-    """The model's misses on raw text (where lookup drafted the rest) must not leave the requests after it
-    plain: they start from the estimates of whichever source drafted last."""
+def test_the_next_request_starts_each_source_from_that_sources_estimates():
+    """On raw text lookup's long accepted runs handed on as the model's had the next request's model drafting
+    15 a round where it had 2 accepted; the model's misses handed on as lookup's would keep lookup plain.
+    Each source starts from its own (of the request's kind; of every kind where that kind has none yet)."""
     from mlx_spec.curve import CostCurve
     from mlx_spec.controller import AdaptiveLength, ControllerMemory
 
     curve = CostCurve(verify=[1.0 + 0.3 * m for m in range(8)], draft=[0.3] * 7)  # drafting pays at high acceptance
     memory = ControllerMemory()
-    first = AdaptiveLength(curve, 7, memory=memory, clock=None)
+    first = AdaptiveLength(curve, 7, memory=memory, clock=None, kind="raw")
     for source in [None, "lookup"] * 12:
         first.update(7, 0 if source is None else 7, source)
-    assert AdaptiveLength(curve, 7, memory=memory, clock=None).next() > 0
+    assert memory.by_kind["raw"][0] < 0.2 < 0.9 < min(memory.by_source["lookup"]["raw"])
+    after = AdaptiveLength(curve, 7, memory=memory, clock=None, kind="raw")
+    assert after.next() == 0  # the model's misses
+    after.expect("lookup")
+    assert after.next() == 7  # lookup's runs
+    assert memory.start("chat") == memory.by_kind["raw"]  # no chat yet: every kind's
+    assert memory.start("chat", "lookup") == memory.start("raw", "lookup")
+    memory.record("chat", memory.enroll(), [0.5] * 7, 8, "lookup")
+    assert memory.start("chat", "lookup") == [0.5] * 7 != memory.start("raw", "lookup")

@@ -8,7 +8,9 @@ drafter proposes from the source with the better record in this conversation:
 - the records compare the two on the same rounds only: rounds where lookup found a continuation (the
   model drafter alone is judged on other rounds too, which flattered or sank it by selection);
 - lookup's record is kept on every such round, proposed or not: its continuation is free to compute
-  and is judged against the tokens committed after it; the model's only where it ran;
+  and is judged against the tokens committed after it; the model's only where it ran; plain rounds'
+  tokens judge lookup too (after the model's misses have sent the controller plain, lookup can still
+  come to lead where the text repeats);
 - a draft is judged once the committed tokens settle it (a mismatch, or as many tokens as it has), so a
   source is never capped by the other's shorter acceptance (until lookup's first candidate settles, what
   it has had right so far stands in for its record);
@@ -63,6 +65,8 @@ class PickState:
     pending: list[Pending] = field(default_factory=list)
     since_model: int = 0  # rounds where both could draft since the model last did
     drafted: dict[str, int] = field(default_factory=lambda: {"lookup": 0, "model": 0})  # rounds each drafted
+    width: int = 1 << 30  # drafts of the latest round that drafted: lookup's continuations are judged that long
+    proposed: bool = False  # a round drafted since tokens were last committed
 
     @property
     def offset(self) -> int:
@@ -122,6 +126,14 @@ class PickDrafter:
         """Committed tokens, as soon as they are: lookup needs no hidden states, and `next_source` reads it
         while the model drafter's rows wait for its next pass (engine/cache.py)."""
         state.lookup.extend(tokens)
+        if tokens and not state.proposed:  # a plain round's (or the prompt's): judge lookup on them too
+            settle(state)
+            found = state.lookup.continuation(min(state.width, self.block_size - 1))
+            lookup = state.records["lookup"]
+            if found and not any(p.record is lookup for p in state.pending):
+                state.pending.append(Pending(state.offset - 1, found, lookup))
+        if tokens:
+            state.proposed = False
 
     def next_source(self, state: PickState) -> str | None:
         """Whom the next round will likely draft from, before its anchor is known (while the loop runs a
@@ -153,6 +165,7 @@ class PickDrafter:
     def _choose(self, state: PickState, anchor: int, k: int) -> tuple[list[int], bool]:
         """Lookup's continuation, and whether it drafts this round (after judging what is now settled)."""
         settle(state, anchor)
+        state.width, state.proposed = k, True
         found = state.lookup.continuation(k, [anchor])
         if not found:
             return found, False
@@ -174,7 +187,7 @@ def looked_up(found: list[int]) -> Draft:
     return Draft(mx.array(found, mx.int32), source="lookup")  # one-hot q: deterministic drafts
 
 
-def settle(state: PickState, anchor: int) -> None:
+def settle(state: PickState, anchor: int | None = None) -> None:
     """Record every pending candidate that the committed tokens (and the new anchor) now decide."""
     if not state.pending:
         return
@@ -184,7 +197,7 @@ def settle(state: PickState, anchor: int) -> None:
             continue  # nothing committed since it was proposed (proposed again in its place): no judgment
         if not isinstance(p.tokens, list):
             p.tokens = p.tokens.tolist()  # evaluated by now: the round that verified it has ended
-        truth = tokens[p.at + 1 :] + [anchor]
+        truth = tokens[p.at + 1 :] + ([] if anchor is None else [anchor])
         n = 0
         while n < min(len(p.tokens), len(truth)) and p.tokens[n] == truth[n]:
             n += 1
