@@ -126,14 +126,18 @@ class PickDrafter:
         """Committed tokens, as soon as they are: lookup needs no hidden states, and `next_source` reads it
         while the model drafter's rows wait for its next pass (engine/cache.py)."""
         state.lookup.extend(tokens)
-        if tokens and not state.proposed:  # a plain round's (or the prompt's): judge lookup on them too
-            settle(state)
-            found = state.lookup.continuation(min(state.width, self.block_size - 1))
-            lookup = state.records["lookup"]
-            if found and not any(p.record is lookup for p in state.pending):
-                state.pending.append(Pending(state.offset - 1, found, lookup))
-        if tokens:
-            state.proposed = False
+        if tokens and not state.proposed:  # a plain round's (or the prompt's)
+            self._judge_lookup(state)
+        state.proposed = state.proposed and not tokens
+
+    def _judge_lookup(self, state: PickState) -> None:
+        """Settle what these tokens decide, and queue lookup's continuation after them (as long as the last
+        drafting round's drafts) if none of its is pending: its record follows the text while no round drafts."""
+        settle(state)
+        found = state.lookup.continuation(min(state.width, self.block_size - 1))
+        lookup = state.records["lookup"]
+        if found and not any(p.record is lookup for p in state.pending):
+            state.pending.append(Pending(state.offset - 1, found, lookup))
 
     def next_source(self, state: PickState) -> str | None:
         """Whom the next round will likely draft from, before its anchor is known (while the loop runs a
