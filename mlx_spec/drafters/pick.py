@@ -134,9 +134,11 @@ class PickDrafter:
         """Settle what these tokens decide, and queue lookup's continuation after them (as long as the last
         drafting round's drafts) if none of its is pending: its record follows the text while no round drafts."""
         settle(state)
-        found = state.lookup.continuation(min(state.width, self.block_size - 1))
         lookup = state.records["lookup"]
-        if found and not any(p.record is lookup for p in state.pending):
+        if any(p.record is lookup for p in state.pending):
+            return  # one of its candidates is still being judged
+        found = state.lookup.continuation(min(state.width, self.block_size - 1))
+        if found:
             state.pending.append(Pending(state.offset - 1, found, lookup))
 
     def next_source(self, state: PickState) -> str | None:
