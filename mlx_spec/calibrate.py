@@ -185,7 +185,12 @@ def timed_rounds(model, pcs: list, starts: list, sampler, k: int, n: int) -> flo
     return seconds
 
 
-BATCH_WIDTHS = (1, 2, 3, 4, 6, 8)
+def sweep(top: int, dense: int = 16) -> tuple[int, ...]:
+    """Every width (or draft count) from 1 to `top`, up to `dense` of them: batched costs step rather than grow
+    smoothly (4 rows of the embedded target: widths 12 and 16 cost less than 11 and 15, where the rows reach
+    a multiple of the product's tile; a drafter's pass jumps where it moves to a bigger block), so prices
+    interpolated between widths 8 and 16 were 10-20% below what widths 9-11 cost, and a batch planned there."""
+    return tuple(sorted({*range(1, min(top, dense) + 1), top}))
 
 
 def batches(model) -> bool:
@@ -198,7 +203,7 @@ def batches(model) -> bool:
 
 
 def measure_batch_rounds(model, curve: CostCurve, rows: list[int], max_width: int, context: int, repeats: int = 3,
-                         widths: tuple = BATCH_WIDTHS, filled: dict | None = None) -> list[list[float]]:
+                         widths: tuple | None = None, filled: dict | None = None) -> list[list[float]]:
     """[rows, width, seconds] of whole batched loop rounds, every request drafting width - 1 tokens (width 1:
     plain), less the drafter pass `curve` prices for them: the target's share of a round, host work included
     (catching the drafter up, accepting, committing), as `plan_batch` prices a round. Timed as isolated
@@ -208,7 +213,7 @@ def measure_batch_rounds(model, curve: CostCurve, rows: list[int], max_width: in
     from .engine.sampling import Sampler, SamplingParams
 
     pcs = filled or {b: filled_rows(model, b, context) for b in rows}
-    widths = [w for w in widths if w < max_width] + [max_width]
+    widths = [w for w in widths if w < max_width] + [max_width] if widths else sweep(max_width)
     sampler = Sampler(SamplingParams(), model.vocab_size)
     starts = {b: [(pc.mark(), pc.tokens[-1]) for pc in pcs[b]] for b in rows}
     times: dict[tuple, list[float]] = {(b, w): [] for b in rows for w in widths}
@@ -246,7 +251,7 @@ def _fill_rows(model, pcs: list, lengths: list[int], chunk: int = 256) -> list[l
 
 
 def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, repeats: int = 3,
-                        ks: tuple = (1, 2, 3, 5), filled: list | None = None) -> list[list[float]]:
+                        ks: tuple | None = None, filled: list | None = None) -> list[list[float]]:
     """[rows, k, seconds] of one drafter pass drafting k tokens for each of `rows` requests (each its own
     context; one row too, measured alike, so that more rows never look cheaper); [] for a drafter that
     drafts one request at a time. filled: `max(rows)` prompt caches already `filled_rows`."""
@@ -257,7 +262,7 @@ def measure_draft_batch(model, rows: list[int], max_k: int, context: int = 64, r
         return []
     states = [pc.drafter_state() for pc in filled or filled_rows(model, max(rows), context)]
     greedy = Sampler(SamplingParams(), model.vocab_size).drafting(0)
-    shapes = [(b, k) for b in [1] + rows for k in sorted({*ks, max_k}) if k <= max_k]
+    shapes = [(b, k) for b in [1] + rows for k in sorted({*(ks or sweep(max_k)), max_k}) if k <= max_k]
 
     def run(b, k):
         return lambda: mx.eval([d.tokens for d in drafter.propose_batch(states[:b], [1] * b, [k] * b, [greedy] * b)])
@@ -307,8 +312,9 @@ def curve_key(model) -> str:
              # dips levelled; /12: batched rows kept in slabs; /13: batched passes at a long context too;
              # /14: batched costs from whole rounds; /15: verify blocks' CPU attention (cpu_attention.py);
              # /16: DFlash drafts of any length run the drafter's whole block; /17: a batch's one-token rows
-             # through the CPU attention; /18: several rows' SiLU in base 2 (cpu_swiglu.py)
-             "rounds/18"]
+             # through the CPU attention; /18: several rows' SiLU in base 2 (cpu_swiglu.py); /19: every batched
+             # width and draft count (`sweep`)
+             "rounds/19"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
 
 

@@ -111,6 +111,13 @@ def test_calibration_measures_batched_drafter_passes(target_dir, drafter_dir, tm
     curve = calibrated_curve(model, model.drafter.block_size, batch_rows=4)
     assert {int(b) for b, _, _ in curve.draft_batch} == {1, 2, 4}  # one row measured alike
     assert all(t > 0 for _, _, t in curve.draft_batch)
+    # every width and draft count, not a few to interpolate between: batched costs step (where the rows
+    # reach a multiple of a product's tile, where a drafter moves to a bigger block), and a 16-row drafter's
+    # widths 9-11 interpolated between 8 and 16 were priced 10-20% below their cost
+    width = model.drafter.block_size
+    for b in (2, 4):
+        assert sorted(int(w) for r, w, _ in curve.batch if r == b) == list(range(1, width + 1))
+        assert sorted(int(k) for r, k, _ in curve.draft_batch if r == b) == list(range(1, width))
     # again, the most rows (and one), after a long context in every row (the model's own length, less room
     # for a block): what long prompts add to batched passes
     assert curve.batch_context < curve.long_batch_context <= model.context_length
