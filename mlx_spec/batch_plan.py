@@ -16,8 +16,8 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1) -> list[i
     `curve.draft_time(m, W-1, C)`: for each
     width W the m requests with the most expected gain, E[tokens | W-1] - 1, draft W-1 tokens, m
     chosen for the most expected tokens per second, the others run plain in the same pass; the W
-    with the most wins, and drafting must beat an all-plain pass by `margin`. Requests with fixed
-    draft lengths (`FixedLength`) keep theirs. The batch's measured round times rescale the batch
+    with the most wins, and drafting must beat an all-plain pass by `margin` (drafts that need a bigger drafter
+    block, by it again: `CostCurve.block_steps`). Requests with fixed draft lengths (`FixedLength`) keep theirs. The batch's measured round times rescale the batch
     costs (plain and drafting passes apart), as `AdaptiveLength` does for one request, and the drafting rows'
     accepted drafts against their estimates temper every estimated gain (`_judge_yield`). A new request
     tests the estimates it started from soon (`AdaptiveLength.probe_in_batch`: one token in the pass),
@@ -65,7 +65,8 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1) -> list[i
         ks = {id(s): reach[i] if i in chosen else 0 for i, s in enumerate(adaptive)}
         if width > 1 and not chosen and floor < width:
             return 0.0, ks  # nobody drafts: a wider pass would be padding only
-        return best_rate / (1 + margin if width > 1 and width > floor else 1), ks
+        steps = (1 + curve.block_steps(width - 1)) if width > 1 and width > floor else 0
+        return best_rate / (1 + margin) ** steps, ks
 
     def best(gains=gains, scale=scale):
         return max((option(w, gains, scale) + (w,) for w in range(floor, top + 1)), key=lambda o: (o[0], -o[2]))

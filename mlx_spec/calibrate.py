@@ -343,6 +343,7 @@ def calibrated_curve(model, max_width: int, refresh: bool = False, batch_rows: i
         return curve
     if curve is None:
         curve = measure_curve(model, max_width)
+        curve.blocks = drafter_blocks(model.drafter)
     if rows:
         measure_batches(model, curve, rows, max_width)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -371,6 +372,12 @@ def measure_batches(model, curve: CostCurve, rows: list[int], max_width: int, lo
         curve.long_batch_context = long
         curve.long_batch = measure_batch_rounds(model, curve, [top], max_width, long, widths=(1, 2, 4),
                                                 filled={top: pcs})
+
+
+def drafter_blocks(drafter) -> list[int]:
+    """The block sizes a drafter learnt, where it learnt several (`CostCurve.blocks`); else none."""
+    sizes = getattr(getattr(drafter, "config", None), "block_sizes", None) or []
+    return sorted(sizes) if len(sizes) > 1 else []
 
 
 def model_drafting(model):

@@ -31,8 +31,8 @@ def best_length(curve: CostCurve, alphas: list[float], max_k: int | None = None,
     top = min(curve.max_drafts, len(alphas), max_k if max_k is not None else 1 << 30)
     cost = cost or curve.round_time
 
-    def speed(k):
-        return expected_tokens(alphas, k) / cost(k) / (1 + margin if k else 1)
+    def speed(k):  # (a bigger drafter block is one more step to pay for: `CostCurve.block_steps`)
+        return expected_tokens(alphas, k) / cost(k) / (1 + margin) ** ((k > 0) + curve.block_steps(k))
 
     return max(range(top + 1), key=lambda k: (speed(k), -k))
 

@@ -329,6 +329,28 @@ def test_drafting_must_beat_plain_by_the_margin():
     assert best_length(curve, [0.6], margin=0.05) == 1
 
 
+def test_a_bigger_drafter_block_must_beat_the_smaller_by_the_margin_again():
+    """A drafter that learnt blocks of 4 and 8 drafts past 3 with its 8-row block: a step taken only where it
+    pays by the margin again (a 16-row drafter's rounds past 8 drafts lost to 8-draft ones wherever measured
+    here, while its cost model, leaning on deep positions it rarely tried, said they paid a little)."""
+    curve = CostCurve(verify=[1.0] * 8, draft=[0.1] * 7, rounds=[1.0] + [1.2] * 7)
+    little_more = [0.9, 0.9, 0.9, 0.1, 0.1, 0.1, 0.1]  # past 3 drafts, 2% more tokens at the same cost
+    assert best_length(curve, little_more, margin=0.05) == 7
+    curve.blocks = [4, 8]
+    assert curve.block_steps(3) == 0 and curve.block_steps(4) == curve.block_steps(7) == 1
+    assert best_length(curve, little_more, margin=0.05) == 3
+    assert best_length(curve, [0.9] * 7, margin=0.05) == 7  # where it pays clearly, it is taken
+
+
+def test_the_calibration_records_a_drafters_block_sizes(target_dir, models_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_SPEC_CACHE", str(tmp_path))
+    two = factory.make_drafter(models_dir / "two-blocks", target_dir, block_size=8, block_sizes=[4, 8])
+    model, _ = mlx_spec.load(str(target_dir), drafter=str(two))
+    assert calibrated_curve(model, 8).blocks == [4, 8]
+    model, _ = mlx_spec.load(str(target_dir), drafter=str(models_dir / "qwen3-dflash"))  # one block size
+    assert calibrated_curve(model, 8).blocks == []
+
+
 class FakeClock:
     def __init__(self):
         self.now = 0.0
