@@ -16,9 +16,10 @@ def plan_batch(states: list, follow: float = 0.1, margin: float = 0.1) -> list[i
     `curve.draft_time(m, W-1, C)`: for each
     width W the m requests with the most expected gain, E[tokens | W-1] - 1, draft W-1 tokens, m
     chosen for the most expected tokens per second, the others run plain in the same pass; the W
-    with the most wins, and drafting must beat an all-plain pass by `margin` (drafts that need a bigger drafter
-    block, by it again: `CostCurve.block_steps`). Requests with fixed draft lengths (`FixedLength`) keep theirs. The batch's measured round times rescale the batch
-    costs (plain and drafting passes apart), as `AdaptiveLength` does for one request, and the drafting rows'
+    with the most wins, and drafting must beat an all-plain pass by `margin` (drafts that need a bigger
+    drafter block, by it again: `CostCurve.block_steps`). Requests with fixed draft lengths (`FixedLength`)
+    keep theirs. The batch's measured round times rescale the batch costs (plain and drafting passes
+    apart), as `AdaptiveLength` does for one request, and the drafting rows'
     accepted drafts against their estimates temper every estimated gain (`_judge_yield`). A new request
     tests the estimates it started from soon (`AdaptiveLength.probe_in_batch`: one token in the pass),
     and in any pass that is wider than one token anyway (`join_probe`: one widened pass for the batch's
