@@ -217,3 +217,26 @@ def test_the_next_request_starts_each_source_from_that_sources_estimates():
     assert memory.start("chat", "lookup") == memory.start("raw", "lookup")
     memory.record("chat", memory.enroll(), [0.5] * 7, 8, "lookup")
     assert memory.start("chat", "lookup") == [0.5] * 7 != memory.start("raw", "lookup")
+
+
+def test_trimming_takes_lookup_and_a_model_that_lags_back_to_one_length():
+    """Lookup sees every committed row at once; the model drafter may not have seen the last ones yet (they
+    wait in the prompt cache): taking n rows back leaves both at the same length."""
+    from mlx_spec.drafters.lookup import LookupState
+    from mlx_spec.drafters.pick import PickState
+
+    class Rows:  # a model drafter's state: the rows it has seen
+        def __init__(self, n):
+            self.offset = n
+
+        def trim(self, n):
+            self.offset -= n
+            return n
+
+    lookup = LookupState(3)
+    lookup.extend([1, 2, 3, 4, 5, 6, 7, 8])
+    state = PickState(lookup, Rows(5))  # the model has not seen the last 3 rows
+    state.trim(2)
+    assert lookup.tokens == [1, 2, 3, 4, 5, 6] and state.model.offset == 5
+    state.trim(3)
+    assert lookup.tokens == [1, 2, 3] and state.model.offset == 3

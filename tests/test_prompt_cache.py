@@ -70,3 +70,45 @@ def test_drafter_sees_committed_rows_lazily(target_dir):
     pc.add([7, 8], None)
     pc.truncate(4)  # pending rows and observed ones alike
     assert pc.tokens == [1, 2, 3, 10] and pc.drafter_state().tokens == [1, 2, 3, 10]
+
+
+def test_rows_taken_back_unseen_never_reach_the_drafter(target_dir):
+    """An idle cache reused by the next request goes back to the common prefix: the rows past it that the
+    drafter had not seen yet (a finished answer's, decoded plainly) are dropped unseen, not caught up and then
+    trimmed (that took 4 ms of every reuse of an idle server cache); the rows before it reach it once."""
+    from mlx_spec.engine.cache import PromptCache
+
+    model, _ = mlx_spec.load(str(target_dir), drafter=None)
+    rec = Recorder()
+    pc = PromptCache(model.model, rec)
+    pc.add([1, 2, 3], None)
+    assert pc.drafter_state().tokens == [1, 2, 3]
+    pc.add([4, 5], None)
+    pc.add([6, 7, 8], None)
+    pc.truncate(6)
+    assert rec.calls == [[1, 2, 3]]  # nothing more shown yet
+    assert pc.drafter_state().tokens == [1, 2, 3, 4, 5, 6] and rec.calls[1:] == [[4, 5, 6]]
+    pc.add([9, 10], None)
+    pc.truncate(2)  # behind the rows it has seen: those are trimmed
+    assert pc.drafter_state().tokens == [1, 2] and rec.calls[2:] == []
+
+
+def test_a_cache_reused_after_plain_decoding_drafts_as_a_fresh_one(target_dir, drafter_dir):
+    """The drafter of a reused cache whose last request decoded plainly (its rows still waiting) drafts what a
+    fresh cache's drafter does after the same tokens: lookup and the model drafter back to one length."""
+    import mlx.core as mx
+
+    from mlx_spec.engine.sampling import Sampler, SamplingParams
+
+    model, tok = mlx_spec.load(str(target_dir), drafter=str(drafter_dir))
+    reused, fresh = mlx_spec.make_prompt_cache(model), mlx_spec.make_prompt_cache(model)
+    list(mlx_spec.stream_generate(model, tok, "def add(a, b):\n", 24, prompt_cache=reused, block_size=1))
+    again = list(mlx_spec.stream_generate(model, tok, "def add(x, y):\n", 16, prompt_cache=reused, block_size=4))
+    alone = list(mlx_spec.stream_generate(model, tok, "def add(x, y):\n", 16, prompt_cache=fresh, block_size=4))
+    assert again[-1].cached_tokens > 0 and [r.tokens for r in again] == [r.tokens for r in alone]
+    assert reused.tokens == fresh.tokens
+    greedy = Sampler(SamplingParams(), model.vocab_size).drafting(0)
+    a, b = reused.drafter_state(), fresh.drafter_state()
+    assert a.offset == b.offset == len(reused.tokens) and a.model.offset == b.model.offset == len(reused.tokens)
+    drafts = [model.drafter.propose(s, reused.tokens[-1], 4, greedy).tokens for s in (a, b)]
+    assert mx.array_equal(*drafts)

@@ -86,8 +86,11 @@ class PickState:
         return model.n > 0 and lookup is not None and lookup > model.mean
 
     def trim(self, n: int) -> int:
+        """The last n rows taken back: lookup sees every row at once, the model may not have seen the last few
+        yet (they wait in the prompt cache), so it goes back to the same length, not by the same count."""
         self.pending.clear()  # they judge positions that are being taken back
-        self.model.trim(n)
+        length = max(0, self.lookup.offset - n)
+        self.model.trim(max(0, self.model.offset - length))
         return self.lookup.trim(n)
 
     def leave_batch(self) -> None:

@@ -122,6 +122,18 @@ class PromptCache:
             self._drafter.observe(self._state, *self._take_pending())
         return self._state
 
+    def _drop_pending(self, n: int) -> None:
+        """The rows not seen by the drafter yet at positions n and past: dropped."""
+        keep = max(0, n - (len(self.tokens) - self._pending_rows))
+        kept, rows = [], 0
+        for hidden, tokens in self._pending:
+            take = min(len(tokens), keep - rows)
+            if take <= 0:
+                break
+            kept.append((hidden if hidden is None or take == len(tokens) else hidden[:, :take], tokens[:take]))
+            rows += take
+        self._pending, self._pending_rows = kept, rows
+
     def _take_pending(self) -> tuple[mx.array | None, list[int]]:
         """The rows the drafter has not seen: their hidden states [1, n, taps*H] (or None) and tokens."""
         hidden = [h for h, _ in self._pending]
@@ -167,10 +179,12 @@ class PromptCache:
         self._forget(n)
 
     def _forget(self, n: int) -> None:
-        """The target's cache holds the first n tokens again: match the drafter and the checkpoint."""
+        """The target's cache holds the first n tokens again: match the drafter and the checkpoint. Rows past n
+        that the drafter has not seen go unseen (catching it up on a finished request's whole answer only
+        to trim it away took 4 ms of every reuse of an idle cache, 0.1 ms without a drafter)."""
         if self._drafter is not None:
-            state = self.drafter_state()
-            state.trim(max(0, state.offset - n))
+            self._drop_pending(n)
+            self._state.trim(max(0, self._state.offset - n))
         del self.tokens[n:]
         self._marks = [m for m in self._marks if m[0] <= n]
 
