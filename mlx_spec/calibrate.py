@@ -342,8 +342,10 @@ def calibrated_curve(model, max_width: int, refresh: bool = False, batch_rows: i
     if curve is not None and set(rows) <= have and (set(rows) <= drafts or not batches_drafts):
         return curve
     if curve is None:
+        from .drafters import learnt_blocks
+
         curve = measure_curve(model, max_width)
-        curve.blocks = drafter_blocks(model.drafter)
+        curve.blocks = learnt_blocks(model.drafter)  # (one size takes no steps: `CostCurve.block_steps`)
     if rows:
         measure_batches(model, curve, rows, max_width)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -372,12 +374,6 @@ def measure_batches(model, curve: CostCurve, rows: list[int], max_width: int, lo
         curve.long_batch_context = long
         curve.long_batch = measure_batch_rounds(model, curve, [top], max_width, long, widths=(1, 2, 4),
                                                 filled={top: pcs})
-
-
-def drafter_blocks(drafter) -> list[int]:
-    """The block sizes a drafter learnt, where it learnt several (`CostCurve.blocks`); else none."""
-    sizes = getattr(getattr(drafter, "config", None), "block_sizes", None) or []
-    return sorted(sizes) if len(sizes) > 1 else []
 
 
 def model_drafting(model):

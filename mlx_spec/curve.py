@@ -26,7 +26,7 @@ class CostCurve:
     # the most cached rows each attention layer (the target's, and a drafter's over the context) reads
     # (0: all of them; recurrent layers, whose state does not grow, are left out); None: not known
     spans: list[int] | None = None
-    # a drafter that learnt several block sizes: those sizes (drafts past the smallest run a bigger block)
+    # the block sizes the drafter learnt, smallest first (drafts past the smallest run a bigger block)
     blocks: list[int] = field(default_factory=list)
 
     @property

@@ -43,6 +43,11 @@ def model_drafter(drafter):
     return drafter.inner if isinstance(drafter, PickDrafter) else drafter
 
 
+def learnt_blocks(drafter) -> list[int]:
+    """The block sizes a drafter learnt, smallest first (a DFlash config's `block_sizes`); [] where it names none."""
+    return sorted(getattr(getattr(drafter, "config", None), "block_sizes", None) or [])
+
+
 def _load_model_drafter(mode: str, path: Path, target, target_config: dict, block_size: int | None):
     kind = "mtp" if mode == "mtp" else checkpoint_kind(path)  # a whole model with an MTP head reads as "lm"
     wanted = {"dflash": "dflash", "dflash2": "dflash2", "dspark": "dspark", "eagle3": "eagle3",

@@ -131,7 +131,8 @@ class PickDrafter:
         state.lookup.extend(tokens)
         if tokens and not state.proposed:  # a plain round's (or the prompt's)
             self._judge_lookup(state)
-        state.proposed = state.proposed and not tokens
+        if tokens:
+            state.proposed = False
 
     def _judge_lookup(self, state: PickState) -> None:
         """Settle what these tokens decide, and queue lookup's continuation after them (as long as the last

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from mlx_spec.drafters import model_drafter
+from mlx_spec.drafters import learnt_blocks, model_drafter
 from mlx_spec.errors import MlxSpecError
 
 from .commands import BY_NAME, SPECS
@@ -166,8 +166,7 @@ def model(chat):
             kind += ", or prompt lookup where this conversation favours it"
         chat.out.say(f"drafter  {kind}" + (f", {s.model.drafter_path}" if s.model.drafter_path else ""))
         taps = f", reads target layers {list(s.drafter.tap_ids)}" if s.drafter.tap_ids else ""
-        sizes = getattr(getattr(inner, "config", None), "block_sizes", None) or []
-        sizes = sorted(b for b in sizes if b < s.drafter.block_size)  # (a config may list them in any order)
+        sizes = [b for b in learnt_blocks(inner) if b < s.drafter.block_size]
         short = f" (short drafts from {', '.join(map(str, sizes))})" if sizes else ""
         chat.out.say(f"         block size {s.drafter.block_size}{short}{taps}")
     mode = f"speculative, {s.block_label(chat.settings)}" if s.speculative else "plain"
